@@ -1,0 +1,21 @@
+"""Test configuration: 8 host CPU devices, set before jax is imported anywhere."""
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REFERENCE_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> pathlib.Path:
+    """The SpikingJelly golden data folder (``../shared/reference`` beside the checkout)."""
+    if not (REFERENCE_DIR / "neurons.npz").exists():
+        pytest.fail(f"SpikingJelly reference data not found at {REFERENCE_DIR}")
+    return REFERENCE_DIR
