@@ -1,0 +1,1 @@
+"""snnjax: spiking neural networks in JAX."""

@@ -1,0 +1,238 @@
+"""Pure functional core of IF / LIF / PLIF neurons, with SpikingJelly's semantics.
+
+For each step t, with ``vr = v_reset if v_reset is not None else 0``:
+  charge  IF:   H = V + X
+          LIF:  H = V + (X - (V - vr)) / tau         (decay_input=True)
+                H = V - (V - vr) / tau + X           (decay_input=False)
+          PLIF: as LIF with 1/tau = k = sigmoid(w), w a learned scalar
+  fire    S = 1[H >= v_threshold], backward via the surrogate sg'(H - v_threshold)
+  reset   hard: V = S v_reset + (1 - S) H;  soft (v_reset=None): V = H - S v_threshold
+          (S detached from the graph when detach_reset)
+
+Shapes: multi-step inputs are time-major ``[T, ...]`` with any trailing shape;
+the state ``V`` has the trailing shape. The state is kept in
+``state_dtype(x.dtype)`` (float32 for bfloat16/float16 inputs); spikes and input
+gradients come back in the input dtype.
+
+``multistep`` runs the sequence with ``lax.scan`` and a hand-written
+``custom_vjp`` backward (the reverse recurrence of the design notes), storing
+only H as residual. ``multistep_reference`` is the same forward differentiated by
+plain autodiff, kept for tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from snnjax.neurons import surrogate as sg
+
+Kind = Literal["IF", "LIF", "PLIF"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronConfig:
+    """Static hyperparameters of a neuron (hashable, so usable as a jit-static argument).
+
+    ``tau`` is used by LIF only; PLIF's time constant is the learned ``w`` passed
+    separately. ``v_reset=None`` selects soft reset.
+    """
+
+    kind: Kind = "LIF"
+    tau: float = 2.0
+    decay_input: bool = True
+    v_threshold: float = 1.0
+    v_reset: float | None = 0.0
+    detach_reset: bool = False
+    surrogate: sg.Surrogate = sg.Sigmoid()
+
+    def __post_init__(self):
+        if self.kind not in ("IF", "LIF", "PLIF"):
+            raise ValueError(f"neuron kind must be 'IF', 'LIF' or 'PLIF', got {self.kind!r}")
+        if self.kind == "LIF" and not self.tau > 1.0:
+            raise ValueError(f"LIF needs tau > 1 (SpikingJelly's requirement), got tau={self.tau}")
+
+    @property
+    def vr(self) -> float:
+        """The reset potential as a number (0 for soft reset)."""
+        return 0.0 if self.v_reset is None else float(self.v_reset)
+
+
+def state_dtype(dtype) -> jnp.dtype:
+    """Dtype of the membrane potential for inputs of ``dtype``: at least float32."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def check_decay_param(cfg: NeuronConfig, w) -> None:
+    """PLIF needs a scalar ``w`` (one learned time constant per layer, as in SpikingJelly); others need none."""
+    if cfg.kind == "PLIF":
+        if w is None:
+            raise ValueError("PLIF needs its learned parameter w (1/tau = sigmoid(w)); got w=None")
+        if jnp.size(w) != 1:
+            raise ValueError(f"PLIF's w must be a scalar (one time constant per layer), got shape {jnp.shape(w)}")
+
+
+def decay_rate(cfg: NeuronConfig, w: jax.Array | None):
+    """``k = 1/tau`` (a Python float for LIF, ``sigmoid(w)`` for PLIF, None for IF)."""
+    if cfg.kind == "IF":
+        return None
+    if cfg.kind == "LIF":
+        return 1.0 / cfg.tau
+    if w is None:
+        raise ValueError("PLIF needs its learned parameter w")
+    return jax.nn.sigmoid(w)
+
+
+def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None) -> jax.Array:
+    """H from the previous state V and input X (SpikingJelly's exact operation order)."""
+    if cfg.kind == "IF":
+        return v + x
+    if cfg.kind == "LIF":
+        scale = lambda d: d / cfg.tau  # noqa: E731
+        keep = 1.0 - 1.0 / cfg.tau
+    else:
+        k = jax.nn.sigmoid(w).astype(v.dtype)
+        scale = lambda d: d * k  # noqa: E731
+        keep = 1.0 - k
+    reset0 = cfg.v_reset is None or cfg.v_reset == 0.0
+    if cfg.decay_input:
+        return v + scale(x - v) if reset0 else v + scale(x - (v - cfg.v_reset))
+    return v * keep + x if reset0 else v - scale(v - cfg.v_reset) + x
+
+
+def reset(cfg: NeuronConfig, h: jax.Array, s: jax.Array) -> jax.Array:
+    """V after firing, from H and spikes S (S already detached if wanted)."""
+    if cfg.v_reset is None:
+        return h - s * cfg.v_threshold
+    return (1.0 - s) * h + s * cfg.v_reset
+
+
+def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = None):
+    """One time step, differentiable by autodiff through the surrogate.
+
+    Args: ``x`` input current ``[...]``; ``v`` state broadcastable to ``x``.
+    Returns: ``(spikes [...] in x.dtype, new state [...] in state dtype)``.
+    """
+    check_decay_param(cfg, w)
+    sdt = state_dtype(x.dtype)
+    h = charge(cfg, v.astype(sdt), x.astype(sdt), w)
+    s = sg.spike(h - cfg.v_threshold, cfg.surrogate)
+    v_new = reset(cfg, h, jax.lax.stop_gradient(s) if cfg.detach_reset else s)
+    return s.astype(x.dtype), v_new
+
+
+def initial_state(cfg: NeuronConfig, shape, dtype) -> jax.Array:
+    """Fresh membrane potential (``v_reset``, or 0 for soft reset) of ``shape``."""
+    return jnp.full(shape, cfg.vr, state_dtype(dtype))
+
+
+def _broadcast_state(cfg, x_seq, v_init):
+    sdt = state_dtype(x_seq.dtype)
+    if v_init is None:
+        return initial_state(cfg, x_seq.shape[1:], x_seq.dtype)
+    return jnp.broadcast_to(jnp.asarray(v_init, sdt), x_seq.shape[1:])
+
+
+def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False):
+    """Plain-autodiff multi-step neuron (the reference for the custom-vjp path).
+
+    Returns ``(spikes [T, ...], v)`` where ``v`` is the state sequence ``[T, ...]`` if
+    ``return_v_seq`` else the final state ``[...]``.
+    """
+    check_decay_param(cfg, w)
+    v0 = _broadcast_state(cfg, x_seq, v_init)
+
+    def body(v, x):
+        s, v = step(cfg, x, v, w)
+        return v, (s, v if return_v_seq else None)
+
+    v_last, (spikes, v_seq) = jax.lax.scan(body, v0, x_seq)
+    return spikes, (v_seq if return_v_seq else v_last)
+
+
+def multistep(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False):
+    """Multi-step neuron with a hand-written reverse-recurrence backward.
+
+    Same contract as ``multistep_reference``; gradients flow to ``x_seq``,
+    ``v_init`` and PLIF's ``w``.
+    """
+    check_decay_param(cfg, w)
+    v0 = _broadcast_state(cfg, x_seq, v_init)
+    return _multistep(cfg, return_v_seq, x_seq, v0, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _multistep(cfg, return_v_seq, x_seq, v0, w):
+    out, _ = _forward(cfg, return_v_seq, x_seq, v0, w)
+    return out
+
+
+def _forward(cfg, return_v_seq, x_seq, v0, w):
+    sdt = v0.dtype
+
+    def body(v, x):
+        h = charge(cfg, v, x.astype(sdt), w)
+        s = (h >= cfg.v_threshold).astype(sdt)
+        v = reset(cfg, h, s)
+        return v, (s.astype(x_seq.dtype), h, v if return_v_seq else None)
+
+    v_last, (spikes, h_seq, v_seq) = jax.lax.scan(body, v0, x_seq)
+    out = (spikes, v_seq if return_v_seq else v_last)
+    # x is needed again only for PLIF's dw with decay_input.
+    x_res = x_seq if (cfg.kind == "PLIF" and cfg.decay_input) else None
+    return out, (h_seq, x_res, v0, w)
+
+
+def _dv_dh(cfg, h, s, g):
+    """dV_t/dH_t for the reset mode."""
+    if cfg.v_reset is not None:
+        return 1.0 - s if cfg.detach_reset else (cfg.v_reset - h) * g + 1.0 - s
+    return jnp.ones_like(h) if cfg.detach_reset else 1.0 - cfg.v_threshold * g
+
+
+def _bwd(cfg, return_v_seq, res, cts):
+    h_seq, x_res, v0, w = res
+    k = decay_rate(cfg, w)
+    ds_seq, dv_out = cts
+    sdt = h_seq.dtype
+    x_dtype = ds_seq.dtype
+    carry_factor = 1.0 if cfg.kind == "IF" else 1.0 - k  # dH_{t+1}/dV_t
+    plif = cfg.kind == "PLIF"
+
+    def grads_at(dv_carry, h, ds, dv_direct):
+        dv = dv_carry if dv_direct is None else dv_carry + dv_direct
+        g = cfg.surrogate.grad(h - cfg.v_threshold)
+        s = (h >= cfg.v_threshold).astype(sdt)
+        return ds.astype(sdt) * g + dv * _dv_dh(cfg, h, s, g)
+
+    if plif:
+        v_prev = jnp.concatenate([v0[None], reset(cfg, h_seq[:-1], (h_seq[:-1] >= cfg.v_threshold).astype(sdt))])
+    xs = (h_seq, ds_seq, dv_out if return_v_seq else None, v_prev if plif else None, x_res)
+
+    def body(carry, inp):
+        dv_carry, dk = carry
+        h, ds, dv_direct, vp, x = inp
+        dh = grads_at(dv_carry, h, ds, dv_direct)
+        if plif:
+            dh_dk = -(vp - cfg.vr) if x is None else x.astype(sdt) - (vp - cfg.vr)
+            dk = dk + jnp.sum(dh * dh_dk)
+        if cfg.kind == "LIF" and cfg.decay_input:
+            dx = dh / cfg.tau
+        elif plif and cfg.decay_input:
+            dx = dh * k
+        else:
+            dx = dh
+        return (dh * carry_factor, dk), dx.astype(x_dtype)
+
+    dv_start = jnp.zeros_like(v0) if return_v_seq else dv_out.astype(sdt)
+    (dv0, dk), dx_seq = jax.lax.scan(body, (dv_start, jnp.zeros((), sdt)), xs, reverse=True)
+    dw = None
+    if plif:
+        dw = (dk * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
+    return dx_seq, dv0, dw
+
+
+_multistep.defvjp(_forward, _bwd)
