@@ -1,0 +1,54 @@
+"""BatchNorm over channels-last tensors with PyTorch's exact semantics.
+
+Statistics reduce over every axis but the last, so ``[T, N, H, W, C]`` behaves
+like SpikingJelly's ``SeqToANNContainer(BatchNorm2d)`` on the merged ``[T*N]``
+batch, and ``[T, N, L, C]`` like ``BatchNorm1d`` on ``[T*N, C, L]``.
+Train mode normalises with the biased batch variance and updates
+``running = (1 - momentum) * running + momentum * batch`` with the *unbiased*
+batch variance, as torch does.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class BatchNorm(nnx.Module):
+    """Per-channel batch normalisation; ``use_running_average`` is toggled by ``model.eval()`` / ``model.train()``."""
+
+    def __init__(self, num_features: int, *, momentum: float = 0.1, eps: float = 1e-5,
+                 use_running_average: bool = False, param_dtype=jnp.float32, dtype=None):
+        self.num_features = num_features
+        self.momentum = momentum
+        self.eps = eps
+        self.use_running_average = use_running_average
+        self.dtype = dtype
+        self.scale = nnx.Param(jnp.ones((num_features,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((num_features,), param_dtype))
+        self.mean = nnx.BatchStat(jnp.zeros((num_features,), param_dtype))
+        self.var = nnx.BatchStat(jnp.ones((num_features,), param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [..., C]`` -> normalised ``[..., C]`` in the compute dtype."""
+        if x.shape[-1] != self.num_features:
+            raise ValueError(f"BatchNorm expects {self.num_features} channels in the last axis, got shape {x.shape}")
+        dtype = self.dtype or jnp.promote_types(x.dtype, self.scale[...].dtype)
+        # Statistics in at least float32, even for bfloat16 compute.
+        stat_dtype = jnp.promote_types(dtype, jnp.float32)
+        xs = x.astype(stat_dtype)
+        if self.use_running_average:
+            mean, var = self.mean[...].astype(stat_dtype), self.var[...].astype(stat_dtype)
+        else:
+            axes = tuple(range(x.ndim - 1))
+            n = x.size // x.shape[-1]
+            mean = jnp.mean(xs, axes)
+            var = jnp.mean(jnp.square(xs - mean), axes)
+            m = self.momentum
+            unbiased = var * (n / max(n - 1, 1))
+            rdt = self.mean[...].dtype
+            self.mean[...] = ((1 - m) * self.mean[...] + m * jax.lax.stop_gradient(mean)).astype(rdt)
+            self.var[...] = ((1 - m) * self.var[...] + m * jax.lax.stop_gradient(unbiased)).astype(rdt)
+        y = (xs - mean) * jax.lax.rsqrt(var + self.eps)
+        y = y * self.scale[...].astype(stat_dtype) + self.bias[...].astype(stat_dtype)
+        return y.astype(dtype)

@@ -1,0 +1,6 @@
+"""Spiking models: input ``[T, N, ...]`` (channels-last), logits ``[T, N, classes]``."""
+from snnjax.models.mlp import SpikingMLP
+from snnjax.models.spikformer import Spikformer, spikformer_s, spikformer_ti
+from snnjax.models.vgg import CIFAR10DVSVGG
+
+__all__ = ["CIFAR10DVSVGG", "Spikformer", "SpikingMLP", "spikformer_s", "spikformer_ti"]

@@ -1,0 +1,48 @@
+"""A spiking multi-layer perceptron: ``flatten -> [Linear -> neuron] * k -> Linear``."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from flax import nnx
+
+from snnjax import layers
+from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, Sigmoid
+from snnjax.neurons.surrogate import Surrogate
+
+_NODES = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
+
+
+class SpikingMLP(nnx.Module):
+    """Input ``[T, N, ...]`` (trailing dims flattened) -> logits ``[T, N, num_classes]``."""
+
+    def __init__(self, in_features: int, hidden: Sequence[int] = (256,), num_classes: int = 10, *,
+                 neuron: str = "LIF", tau: float = 2.0, decay_input: bool = True, detach_reset: bool = True,
+                 surrogate_function: Surrogate = Sigmoid(), v_threshold: float = 1.0,
+                 v_reset: float | None = 0.0, batch_norm: bool = False, rngs: nnx.Rngs, dtype=None,
+                 param_dtype=None):
+        if neuron not in _NODES:
+            raise ValueError(f"neuron must be one of {sorted(_NODES)}, got {neuron!r}")
+        kwargs = dict(v_threshold=v_threshold, v_reset=v_reset, detach_reset=detach_reset,
+                      surrogate_function=surrogate_function, step_mode="m")
+        if neuron == "LIF":
+            kwargs.update(tau=tau, decay_input=decay_input)
+        elif neuron == "PLIF":
+            kwargs.update(init_tau=tau, decay_input=decay_input)
+        fcs, bns, nodes, fin = [], [], [], in_features
+        for h in hidden:
+            fcs.append(layers.linear(fin, h, rngs=rngs, dtype=dtype, param_dtype=param_dtype))
+            if batch_norm:
+                bns.append(layers.BatchNorm(h, dtype=dtype))
+            nodes.append(_NODES[neuron](**kwargs))
+            fin = h
+        self.fcs, self.neurons = nnx.List(fcs), nnx.List(nodes)
+        self.bns = nnx.List(bns) if batch_norm else None
+        self.head = layers.linear(fin, num_classes, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = layers.flatten_features(x)
+        for i, (fc, node) in enumerate(zip(self.fcs, self.neurons)):
+            x = fc(x)
+            x = node(self.bns[i](x) if self.bns is not None else x)
+        return self.head(x)

@@ -1,0 +1,149 @@
+"""Spikformer (SpikingJelly's layout), channels-last and time-major.
+
+Patch stem: four ``Conv3x3 -> BatchNorm -> MaxPool(3, 2, 1) -> LIF`` stages to
+``embed_dims`` channels (a /16 patch grid), plus a residual
+``Conv3x3 -> BatchNorm -> LIF`` positional encoding. Each block adds spiking
+self-attention and a spiking MLP to the token stream ``[T, N, L, D]``. SSA per
+head: ``(V K^T) Q * 0.125`` over the ``head_dim x head_dim`` channel product,
+then a LIF with threshold 0.5. Logits ``[T, N, classes]`` from the token mean.
+All LIF neurons: tau=2, detach_reset, Sigmoid(4) surrogate, hard reset to 0.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from snnjax import layers
+from snnjax.neurons import LIFNode
+
+_init = jax.nn.initializers.truncated_normal(0.02)
+
+
+def _lif(tau, detach_reset, v_threshold=1.0):
+    return LIFNode(tau=tau, detach_reset=detach_reset, v_threshold=v_threshold, step_mode="m")
+
+
+class ConvBNLIF(nnx.Module):
+    """``Conv3x3 (no bias) -> BatchNorm -> [MaxPool(3, 2, 1)] -> LIF`` on ``[T, N, H, W, C]``."""
+
+    def __init__(self, cin, cout, pool, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+        self.pool = pool
+        self.conv = layers.conv2d(cin, cout, 3, padding=1, use_bias=False, kernel_init=_init, rngs=rngs,
+                                  dtype=dtype, param_dtype=param_dtype)
+        self.bn = layers.BatchNorm(cout, dtype=dtype)
+        self.neuron = _lif(tau, detach_reset)
+
+    def __call__(self, x):
+        x = self.bn(self.conv(x))
+        if self.pool:
+            x = layers.max_pool2d(x, 3, 2, 1)
+        return self.neuron(x)
+
+
+class LinearBNLIF(nnx.Module):
+    """Token-wise ``Linear (no bias) -> BatchNorm -> LIF`` on ``[T, N, L, D]`` (torch: ``Conv1d(k=1)`` + ``BatchNorm1d``)."""
+
+    def __init__(self, din, dout, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+        self.fc = layers.linear(din, dout, use_bias=False, kernel_init=_init, rngs=rngs, dtype=dtype,
+                                param_dtype=param_dtype)
+        self.bn = layers.BatchNorm(dout, dtype=dtype)
+        self.neuron = _lif(tau, detach_reset)
+
+    def __call__(self, x):
+        return self.neuron(self.bn(self.fc(x)))
+
+
+class SpikingSelfAttention(nnx.Module):
+    """SSA on ``[T, N, L, D]``; heads split ``D`` as ``(heads, head_dim)``."""
+
+    def __init__(self, dim, num_heads, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+        if dim % num_heads:
+            raise ValueError(f"embed_dims={dim} must be divisible by num_heads={num_heads}")
+        self.num_heads, self.scale = num_heads, 0.125
+        self.qkv = LinearBNLIF(dim, 3 * dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.attn_neuron = _lif(tau, detach_reset, v_threshold=0.5)
+        self.proj = LinearBNLIF(dim, dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+    def __call__(self, x):
+        *lead, length, dim = x.shape
+        qkv = self.qkv(x).reshape(*lead, length, 3, self.num_heads, dim // self.num_heads)
+        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]  # [T, N, L, heads, hd]
+        vk = jnp.einsum("...lhd,...lhe->...hde", v, k)
+        y = jnp.einsum("...hde,...lhe->...lhd", vk, q) * self.scale
+        y = self.attn_neuron(y).reshape(*lead, length, dim)
+        return self.proj(y)
+
+
+class SpikformerMLP(nnx.Module):
+    """``LinearBNLIF(D -> hidden) -> LinearBNLIF(hidden -> D)``."""
+
+    def __init__(self, dim, hidden, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+        self.fc1 = LinearBNLIF(dim, hidden, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.fc2 = LinearBNLIF(hidden, dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+    def __call__(self, x):
+        return self.fc2(self.fc1(x))
+
+
+class SpikformerBlock(nnx.Module):
+    """``x + SSA(x)`` then ``x + MLP(x)`` on tokens ``[T, N, L, D]``."""
+
+    def __init__(self, dim, num_heads, mlp_ratio, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.attn = SpikingSelfAttention(dim, num_heads, tau, detach_reset, **kw)
+        self.mlp = SpikformerMLP(dim, int(dim * mlp_ratio), tau, detach_reset, **kw)
+
+    def __call__(self, x):
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+class Spikformer(nnx.Module):
+    """Input ``[T, N, H, W, C]`` or a static image ``[N, H, W, C]`` repeated ``T`` times; logits ``[T, N, classes]``."""
+
+    def __init__(self, *, T: int = 4, in_channels: int = 3, img_size: int | tuple[int, int] = 224,
+                 patch_size: int = 16, num_classes: int = 1000, embed_dims: int = 256, num_heads: int = 8,
+                 mlp_ratio: float = 4.0, depths: int = 4, tau: float = 2.0, detach_reset: bool = True,
+                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+        if patch_size != 16:
+            raise ValueError(f"the patch stem is a fixed 4-stage /16 pipeline; patch_size must be 16, got {patch_size}")
+        if embed_dims % 8:
+            raise ValueError(f"embed_dims must be divisible by 8 (stem widths D/8, D/4, D/2, D), got {embed_dims}")
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.T = T
+        widths = [embed_dims // 8, embed_dims // 4, embed_dims // 2, embed_dims]
+        stages, cin = [], in_channels
+        for w in widths:
+            stages.append(ConvBNLIF(cin, w, True, tau, detach_reset, **kw))
+            cin = w
+        self.stages = nnx.List(stages)
+        self.positional_encoding = ConvBNLIF(embed_dims, embed_dims, False, tau, detach_reset, **kw)
+        self.blocks = nnx.List([SpikformerBlock(embed_dims, num_heads, mlp_ratio, tau, detach_reset, **kw)
+                                for _ in range(depths)])
+        self.head = layers.linear(embed_dims, num_classes, kernel_init=_init, rngs=rngs, dtype=dtype,
+                                  param_dtype=param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.ndim == 4:
+            x = jnp.broadcast_to(x[None], (self.T,) + x.shape)
+        elif x.ndim != 5:
+            raise ValueError(f"expected [N, H, W, C] or [T, N, H, W, C] input, got shape {x.shape}")
+        for stage in self.stages:
+            x = stage(x)
+        x = x + self.positional_encoding(x)
+        t, n, h, w, d = x.shape
+        x = x.reshape(t, n, h * w, d)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(jnp.mean(x, axis=2))
+
+
+def spikformer_ti(**kwargs) -> Spikformer:
+    """Spikformer-Ti: 256 dims, depth 4, 8 heads."""
+    return Spikformer(**{"embed_dims": 256, "num_heads": 8, "depths": 4, "mlp_ratio": 4.0, **kwargs})
+
+
+def spikformer_s(**kwargs) -> Spikformer:
+    """Spikformer-S: 384 dims, depth 6, 12 heads."""
+    return Spikformer(**{"embed_dims": 384, "num_heads": 12, "depths": 6, "mlp_ratio": 4.0, **kwargs})

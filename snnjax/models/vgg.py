@@ -1,0 +1,72 @@
+"""CIFAR10DVSVGG: SpikingJelly's spiking VGG for CIFAR10-DVS (2 x 48 x 48 event frames).
+
+Each block is ``[AvgPool2d(2)] -> Conv3x3 (bias) -> BatchNorm -> LIF``; after the
+last block ``AvgPool2d(2) -> flatten -> Dropout -> Linear``. Input
+``[T, N, H, W, C]``, output logits ``[T, N, num_classes]``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from flax import nnx
+
+from snnjax import layers
+from snnjax.neurons import ATan, LIFNode
+from snnjax.neurons.surrogate import Surrogate
+
+DEFAULT_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)
+DEFAULT_POOLS = (False, False, True, False, True, False, True, False)
+
+# torch's kaiming_normal_(mode="fan_out", nonlinearity="relu"), as SpikingJelly initialises the convs.
+_conv_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+class VGGBlock(nnx.Module):
+    """``[AvgPool2d(2)] -> Conv2d(3x3, padding 1) -> BatchNorm -> LIF`` on ``[T, N, H, W, C]``."""
+
+    def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: dict, *, rngs: nnx.Rngs,
+                 dtype=None, param_dtype=None):
+        self.pool = pool
+        self.conv = layers.conv2d(in_channels, out_channels, 3, padding=1, kernel_init=_conv_init,
+                                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.bn = layers.BatchNorm(out_channels, dtype=dtype)
+        self.neuron = LIFNode(step_mode="m", **neuron)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.pool:
+            x = layers.avg_pool2d(x, 2)
+        return self.neuron(self.bn(self.conv(x)))
+
+
+class CIFAR10DVSVGG(nnx.Module):
+    """Spiking VGG; ``widths``/``pools`` configure the 8 blocks (SpikingJelly's by default)."""
+
+    def __init__(self, *, widths: Sequence[int] = DEFAULT_WIDTHS, pools: Sequence[bool] = DEFAULT_POOLS,
+                 in_channels: int = 2, image_size: int = 48, num_classes: int = 10, dropout: float = 0.25,
+                 tau: float = 1.333, decay_input: bool = False, detach_reset: bool = True,
+                 surrogate_function: Surrogate = ATan(), v_threshold: float = 1.0, v_reset: float | None = 0.0,
+                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+        if len(widths) != len(pools):
+            raise ValueError(f"widths ({len(widths)}) and pools ({len(pools)}) must have the same length")
+        neuron = dict(tau=tau, decay_input=decay_input, detach_reset=detach_reset,
+                      surrogate_function=surrogate_function, v_threshold=v_threshold, v_reset=v_reset)
+        blocks, cin, size = [], in_channels, image_size
+        for w, p in zip(widths, pools):
+            blocks.append(VGGBlock(cin, w, p, neuron, rngs=rngs, dtype=dtype, param_dtype=param_dtype))
+            cin, size = w, size // 2 if p else size
+        size //= 2  # the final AvgPool2d(2)
+        if size < 1:
+            raise ValueError(f"image_size={image_size} is too small for {sum(pools) + 1} poolings")
+        self.features = nnx.List(blocks)
+        self.feature_shape = (size, size, cin)
+        self.dropout = layers.dropout(dropout, rngs=rngs)
+        self.classifier = layers.linear(cin * size * size, num_classes, rngs=rngs, dtype=dtype,
+                                        param_dtype=param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [T, N, H, W, C_in]`` -> logits ``[T, N, num_classes]``."""
+        for block in self.features:
+            x = block(x)
+        x = layers.flatten_features(layers.avg_pool2d(x, 2))
+        return self.classifier(self.dropout(x))
