@@ -1,0 +1,1 @@
+"""Interoperability with SpikingJelly: weight import and reference-file checks."""

@@ -1,0 +1,208 @@
+"""Check snnjax against SpikingJelly reference files (format: shared/reference/README.md).
+
+``FILE.npz`` holds the arrays, its sibling ``FILE.json`` the cases: a list of
+neuron cases, or a mapping of model-case name to model description. Everything
+is recomputed in float64; spikes must match exactly, real values and gradients
+within ``TOLERANCE`` normwise relative error ``||a - b|| / ||b||``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from snnjax.neurons import functional as F
+from snnjax.neurons import surrogate as sg
+
+TOLERANCE = 1e-8
+# A parameter whose reference gradient is below this fraction of the whole gradient's norm is
+# analytically zero (e.g. a conv bias followed by train-mode BatchNorm): both sides are rounding
+# noise, so it is compared at this scale instead of relative to itself.
+NEGLIGIBLE_GRAD = 1e-6
+
+_SURROGATES = {"sigmoid": sg.Sigmoid, "atan": sg.ATan, "piecewise_quadratic": sg.PiecewiseQuadratic,
+               "soft_sign": sg.SoftSign}
+
+
+def parse_surrogate(name: str) -> sg.Surrogate:
+    """``'sigmoid4'`` -> ``Sigmoid(alpha=4)``, ``'atan2'`` -> ``ATan(alpha=2)``: a surrogate name then its alpha."""
+    for prefix, cls in _SURROGATES.items():
+        if name.startswith(prefix):
+            rest = name[len(prefix):]
+            return cls(alpha=float(rest)) if rest else cls()
+    raise ValueError(f"unknown surrogate {name!r} in reference file; known prefixes: {sorted(_SURROGATES)}")
+
+
+def rel_err(a, b, floor: float = 0.0) -> float:
+    """Normwise relative error ``||a - b|| / max(||b||, floor)`` (absolute when both are zero)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    denom = max(float(np.linalg.norm(b)), floor)
+    diff = float(np.linalg.norm(a - b))
+    return diff / denom if denom > 0 else diff
+
+
+def neuron_config(case: dict[str, Any]) -> F.NeuronConfig:
+    """The ``NeuronConfig`` a reference neuron case describes."""
+    return F.NeuronConfig(kind=case["kind"], tau=float(case.get("tau", 2.0)),
+                          decay_input=bool(case.get("decay_input", True)),
+                          v_threshold=float(case.get("v_threshold", 1.0)), v_reset=case.get("v_reset", 0.0),
+                          detach_reset=bool(case.get("detach_reset", False)),
+                          surrogate=parse_surrogate(case.get("surrogate", "sigmoid4")))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _neuron_outputs(cfg, x, gy, w):
+    def loss(x, w):
+        s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True)
+        return jnp.sum(s * gy), (s, v_seq)
+
+    (_, (s, v_seq)), (gx, gw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
+    return s, v_seq, gx, gw
+
+
+def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Recompute one neuron case; returns its errors and ``ok``."""
+    cfg = neuron_config(case)
+    w = jnp.asarray(arrays["w"]) if cfg.kind == "PLIF" else None
+    s, v_seq, gx, gw = _neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w)
+    out = {
+        "spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"])),
+        "v_seq": rel_err(v_seq, arrays["v_seq"]),
+        "grad_x": rel_err(gx, arrays["grad_x"]),
+    }
+    if cfg.kind == "PLIF":
+        out["grad_w"] = rel_err(gw, arrays["grad_w"])
+    out["ok"] = out["spike_mismatches"] == 0 and all(
+        v <= TOLERANCE for k, v in out.items() if k != "spike_mismatches")
+    return out
+
+
+def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nnx.Module, jax.Array]:
+    """The snnjax model a model case describes, and its input in library layout."""
+    from snnjax.models import CIFAR10DVSVGG, Spikformer
+    from snnjax.models.vgg import DEFAULT_POOLS
+
+    num_classes = arrays["logits_eval"].shape[-1]
+    rngs = nnx.Rngs(0)
+    if meta["model"] == "CIFAR10DVSVGG":
+        x = arrays["x"]  # [N, T, C, H, W]
+        nrn = meta.get("neuron", {})
+        widths = meta["widths"]
+        pools = meta.get("pools", DEFAULT_POOLS if len(widths) == len(DEFAULT_POOLS) else None)
+        if pools is None:
+            raise ValueError("CIFAR10DVSVGG case with non-default depth needs a 'pools' list in its json")
+        dropout_keys = {k for k in arrays if k.startswith("init/classifier.")}
+        model = CIFAR10DVSVGG(widths=widths, pools=pools, in_channels=x.shape[2], image_size=x.shape[-1],
+                              num_classes=num_classes, dropout=0.0 if "init/classifier.0.weight" in dropout_keys
+                              else 0.25, tau=nrn.get("tau", 1.333), decay_input=nrn.get("decay_input", False),
+                              detach_reset=nrn.get("detach_reset", True), v_reset=nrn.get("v_reset", 0.0),
+                              surrogate_function=parse_surrogate(nrn.get("surrogate", "atan2")), rngs=rngs)
+        return model, jnp.asarray(x.transpose(1, 0, 3, 4, 2))
+    if meta["model"] == "Spikformer":
+        x = arrays["x"]  # [N, C, H, W], static image
+        model = Spikformer(T=meta["T"], in_channels=x.shape[1], img_size=x.shape[-1],
+                           patch_size=meta.get("patch_size", 16), num_classes=num_classes,
+                           embed_dims=meta["embed_dims"], num_heads=meta["num_heads"],
+                           mlp_ratio=meta.get("mlp_ratio", 4.0), depths=meta["depths"], rngs=rngs)
+        return model, jnp.asarray(x.transpose(0, 2, 3, 1))
+    raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer)")
+
+
+def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Import ``init/`` weights, recompute eval/train logits, loss, gradients and BN statistics."""
+    from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
+
+    model, x = build_model(meta, arrays)
+    sub = lambda prefix: {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}  # noqa: E731
+    import_state_dict(model, sub("init/"), dtype=jnp.float64)
+    labels = jnp.asarray(arrays["labels"])
+
+    model.eval()
+    out = {"logits_eval": rel_err(nnx.jit(lambda m, x: m(x))(model, x), arrays["logits_eval"])}
+
+    model.train()
+
+    def loss_fn(model):
+        logits = model(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels).mean(), logits
+
+    (loss, logits), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model)
+    out["logits_train"] = rel_err(logits, arrays["logits_train"])
+    out["loss_train"] = rel_err(loss, arrays["loss_train"])
+
+    flat_grads = dict(nnx.to_flat_state(grads))
+    expected = convert_state_dict(model, sub("grad/"))
+    floor = NEGLIGIBLE_GRAD * float(np.sqrt(sum(np.sum(np.square(v)) for v in expected.values())))
+    grad_errs = {".".join(map(str, p)): rel_err(flat_grads[p][...], v, floor) for p, v in expected.items()}
+    missing = [p for p in flat_grads if p not in expected]
+    out["grads_checked"] = len(grad_errs)
+    out["grads_missing"] = len(missing)
+    worst = max(grad_errs, key=grad_errs.get)
+    out["grad_max"], out["grad_worst"] = grad_errs[worst], worst
+
+    stats = dict(nnx.to_flat_state(nnx.state(model, nnx.BatchStat)))
+    after = convert_state_dict(model, sub("after_train_step_state/"))
+    out["bn_state_max"] = max(rel_err(stats[p][...], v) for p, v in after.items() if p in stats)
+    tracked = [k for k in sub("after_train_step_state/") if k.endswith("num_batches_tracked")]
+    if tracked and all(np.array_equal(arrays["init/" + k], arrays["after_train_step_state/" + k]) for k in tracked):
+        out["reference_note"] = ("num_batches_tracked did not advance between init/ and after_train_step_state/: "
+                                 "the file's init/ BatchNorm statistics are not the pre-step values (a generator "
+                                 "that saves torch buffers without copying them records post-step values), so "
+                                 "bn_state cannot match; regenerate the file with copied arrays")
+    out["ok"] = (missing == [] and all(out[k] <= TOLERANCE for k in
+                                       ("logits_eval", "logits_train", "loss_train", "grad_max", "bn_state_max")))
+    return out
+
+
+def load(path: str | pathlib.Path) -> tuple[Any, np.lib.npyio.NpzFile]:
+    """``(cases from FILE.json, arrays of FILE.npz)``, with clear errors for missing files."""
+    path = pathlib.Path(path)
+    meta_path = path.with_suffix(".json")
+    for p in (path, meta_path):
+        if not p.exists():
+            raise FileNotFoundError(f"{p} not found (a reference file is FILE.npz plus its sibling FILE.json)")
+    return json.loads(meta_path.read_text()), np.load(path)
+
+
+def iter_cases(cases, arrays):
+    """Yield ``(name, result)`` for every case of a reference file."""
+    if isinstance(cases, list):
+        for i, case in enumerate(cases):
+            prefix = f"case{i:03d}/"
+            sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
+            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, sub)}
+    elif isinstance(cases, dict):
+        for name, meta in cases.items():
+            prefix = f"{name}/"
+            sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
+            yield name, {"model": meta["model"], **check_model_case(meta, sub)}
+    else:
+        raise ValueError("reference json must be a list of neuron cases or a mapping of model cases")
+
+
+def check_file(path: str) -> int:
+    """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code."""
+    jax.config.update("jax_enable_x64", True)
+    # Random initial values are overwritten by the imported weights; rbg compiles far faster on CPU.
+    jax.config.update("jax_default_prng_impl", "rbg")
+    try:
+        cases, arrays = load(path)
+    except (FileNotFoundError, ValueError) as e:
+        print(json.dumps({"error": str(e)}))
+        return 2
+    n = failed = 0
+    for name, result in iter_cases(cases, arrays):
+        n += 1
+        failed += not result["ok"]
+        print(json.dumps({"case": name, **result}), flush=True)
+    print(json.dumps({"cases": n, "failed": failed}))
+    return 1 if failed else 0

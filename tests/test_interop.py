@@ -1,0 +1,145 @@
+"""SpikingJelly interop: reference-file checker (any file in the format) and weight import."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from snnjax.interop import fixtures
+from snnjax.interop.spikingjelly import import_state_dict
+from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.neurons import functional as F
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "models.npz"
+
+
+@pytest.fixture
+def x64():
+    prev = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", prev)
+
+
+def run_check(path) -> tuple[int, list[dict]]:
+    proc = subprocess.run([sys.executable, "-m", "snnjax.interop.spikingjelly", "check", str(path)],
+                          capture_output=True, text=True, timeout=900)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.returncode, lines
+
+
+def test_cli_passes_every_shipped_neuron_case(reference_dir):
+    code, lines = run_check(reference_dir / "neurons.npz")
+    assert lines[-1] == {"cases": 69, "failed": 0}, lines[-1]
+    assert code == 0
+    assert all(line["ok"] and line["spike_mismatches"] == 0 for line in lines[:-1])
+
+
+def test_models_match_spikingjelly(x64):
+    """Both models: eval/train logits, loss, every parameter gradient, BN statistics after the step."""
+    cases, arrays = fixtures.load(FIXTURE)
+    results = dict(fixtures.iter_cases(cases, arrays))
+    assert set(results) == {"vgg", "spikformer"}
+    for name, r in results.items():
+        assert r["ok"], (name, r)
+        assert r["grads_missing"] == 0 and r["grads_checked"] > 30
+        assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
+
+
+def _write_neuron_file(path: pathlib.Path, cases, rng, T=3, shape=(2, 5, 4)):
+    """A reference file in the shipped format, other shapes/surrogates, values from the autodiff reference."""
+    arrays = {}
+    for i, case in enumerate(cases):
+        cfg = fixtures.neuron_config(case)
+        x = rng.normal(0.4, 1.2, (T,) + shape)
+        gy = rng.normal(size=(T,) + shape)
+        w = np.asarray(-np.log(case.get("init_tau", 2.0) - 1.0)) if cfg.kind == "PLIF" else None
+
+        def loss(x, w):
+            s, v = F.multistep_reference(cfg, x, None, w, return_v_seq=True)
+            return jnp.sum(s * gy), (s, v)
+
+        (_, (s, v)), (gx, gw) = jax.value_and_grad(loss, (0, 1), has_aux=True)(jnp.asarray(x), w)
+        p = f"case{i:03d}/"
+        arrays.update({p + "x": x, p + "grad_spikes": gy, p + "spikes": np.asarray(s), p + "v_seq": np.asarray(v),
+                       p + "grad_x": np.asarray(gx)})
+        if w is not None:
+            arrays.update({p + "w": w, p + "grad_w": np.asarray(gw)})
+    np.savez(path, **arrays)
+    path.with_suffix(".json").write_text(json.dumps(cases))
+    return arrays
+
+
+def test_checker_reads_any_file_in_the_format_and_detects_a_flipped_spike(tmp_path, x64):
+    cases = [
+        dict(kind="IF", v_threshold=0.7, v_reset=None, detach_reset=False, surrogate="piecewise_quadratic1"),
+        dict(kind="LIF", tau=3.0, decay_input=False, v_threshold=1.0, v_reset=-0.2, detach_reset=False,
+             surrogate="soft_sign2"),
+        dict(kind="PLIF", init_tau=1.5, decay_input=True, v_threshold=1.0, v_reset=0.0, detach_reset=True,
+             surrogate="sigmoid4"),
+    ]
+    path = tmp_path / "mine.npz"
+    arrays = _write_neuron_file(path, cases, np.random.default_rng(0))
+    code, lines = run_check(path)
+    assert code == 0 and lines[-1] == {"cases": 3, "failed": 0}
+
+    flip = np.array(arrays["case001/spikes"])
+    flip.flat[np.argmax(flip.ravel() == 0)] = 1.0
+    np.savez(path, **{**arrays, "case001/spikes": flip})
+    code, lines = run_check(path)
+    assert code == 1 and lines[-1] == {"cases": 3, "failed": 1}
+    assert lines[1]["spike_mismatches"] == 1 and not lines[1]["ok"]
+
+
+def test_checker_reports_missing_files(tmp_path):
+    code, lines = run_check(tmp_path / "absent.npz")
+    assert code == 2 and "not found" in lines[0]["error"]
+
+
+def _vgg_state_dict():
+    arrays = np.load(FIXTURE)
+    return {k[len("vgg/init/"):]: arrays[k] for k in arrays.files if k.startswith("vgg/init/")}
+
+
+def _small_vgg():
+    return CIFAR10DVSVGG(widths=[8, 16, 32, 32, 64, 64, 64, 64], dropout=0.0, rngs=nnx.Rngs(0))
+
+
+def test_import_converts_layouts():
+    sd = _vgg_state_dict()
+    model = _small_vgg()
+    import_state_dict(model, sd)
+    np.testing.assert_allclose(model.features[0].conv.kernel[...], sd["features.0.proj_bn.0.weight"].transpose(2, 3, 1, 0),
+                               rtol=1e-6)
+    assert model.features[2].conv.kernel[...].shape == (3, 3, 16, 32)  # pooled block: conv is proj_bn.1
+    assert model.features[0].conv.kernel[...].dtype == jnp.float32  # cast to the model's dtype
+    # classifier: torch flattens [C, H, W]; ours is [H, W, C]
+    w = sd["classifier.0.weight"].reshape(10, 64, 3, 3)
+    np.testing.assert_allclose(model.classifier.kernel[...][(1 * 3 + 2) * 64 + 5], w[:, 5, 1, 2], rtol=1e-6)
+
+
+def test_import_errors_name_the_problem():
+    sd = _vgg_state_dict()
+    with pytest.raises(KeyError, match="no counterpart"):
+        import_state_dict(_small_vgg(), {**sd, "features.9.proj_bn.0.weight": np.zeros((1,))})
+    with pytest.raises(KeyError, match="does not provide"):
+        import_state_dict(_small_vgg(), {k: v for k, v in sd.items() if "features.3" not in k})
+    wide = CIFAR10DVSVGG(widths=[8, 16, 32, 32, 64, 64, 64, 128], dropout=0.0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        import_state_dict(wide, sd)
+    with pytest.raises(TypeError, match="no SpikingJelly mapping"):
+        import_state_dict(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), sd)
+
+
+def test_spikformer_import_covers_every_variable():
+    arrays = np.load(FIXTURE)
+    sd = {k[len("spikformer/init/"):]: arrays[k] for k in arrays.files if k.startswith("spikformer/init/")}
+    model = Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2, rngs=nnx.Rngs(0))
+    import_state_dict(model, sd)
+    np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],
+                               sd["blocks.1.attn.qkv_conv_bn.0.weight"][:, :, 0].T, rtol=1e-6)
