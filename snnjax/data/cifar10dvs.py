@@ -1,0 +1,123 @@
+"""CIFAR10-DVS (Li et al. 2017): CIFAR-10 images recorded with a 128x128 DVS.
+
+Layout (the ten extracted class zips)::
+
+    data_dir/<class name>/*.aedat     airplane automobile bird cat deer dog frog horse ship truck
+
+Decoding follows SpikingJelly's ``CIFAR10DVS`` reader: skip the ASCII header
+(lines whose stripped text starts with ``#``), read the rest as big-endian
+32-bit words in (address, timestamp) pairs, and take from the address
+``polarity = addr & 0x1``, ``x_raw = (addr & 0xFE) >> 1``,
+``y_raw = (addr & 0x7F00) >> 8``; events are ``x = 127 - y_raw``,
+``y = 127 - x_raw``, ``p = 1 - polarity``.
+
+There is no official split. As SpikingJelly users do with
+``split_to_train_test_set(0.9, dataset, 10)`` (``random_split=False``), the
+first ``ceil(0.9 * n_c)`` files of each class, in sorted file-name order (the
+order of SpikingJelly's ``DatasetFolder``), form ``"train"`` and the rest
+``"test"``. Labels are class indices in the order above (sorted names).
+
+Optional ``size`` area-resizes frames (e.g. 48 for CIFAR10DVSVGG): each output
+pixel is the mean event count over its input window, as
+``F.interpolate(frames, size, mode='area')`` does.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from snnjax.data.event_folder import EventFolderSource, require_dir
+from snnjax.data.events import Events
+
+CIFAR10DVS_CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
+                          "dog", "frog", "horse", "ship", "truck")
+CIFAR10DVS_SIZE = (128, 128)
+_HINT = ("Download CIFAR10-DVS (https://figshare.com/articles/dataset/CIFAR10-DVS_New/4724671) and "
+         "extract the ten class zips so that data_dir/<class>/*.aedat exists for the classes "
+         f"{', '.join(CIFAR10DVS_CLASS_NAMES)}.")
+
+
+def aedat_header_length(content: bytes) -> int:
+    """Bytes of the leading ``#`` header lines, counted exactly as SpikingJelly's ``_skip_header``."""
+    stream = io.BytesIO(content)
+    length = 0
+    line = stream.readline()
+    try:
+        text = line.decode().strip()
+    except UnicodeDecodeError:
+        return 0
+    while text and text[0] == "#":
+        length += len(line)
+        line = stream.readline()
+        try:
+            text = line.decode().strip()
+        except UnicodeDecodeError:
+            break
+    return length
+
+
+def read_cifar10dvs_aedat(path: str | os.PathLike) -> Events:
+    """Decodes one CIFAR10-DVS ``.aedat`` file into int64 :class:`Events` (``t`` in microseconds)."""
+    content = Path(path).read_bytes()
+    data = content[aedat_header_length(content):]
+    if len(data) % 8:
+        raise ValueError(f"{path}: {len(data)} data bytes is not a whole number of "
+                         "(address, timestamp) pairs of big-endian 32-bit words")
+    words = np.frombuffer(data, dtype=">u4").astype(np.int64)
+    addr, t = words[0::2], words[1::2]
+    polarity = addr & 0x1
+    x_raw = (addr & 0xFE) >> 1
+    y_raw = (addr & 0x7F00) >> 8
+    return Events(t=t, x=127 - y_raw, y=127 - x_raw, p=1 - polarity)
+
+
+def split_files_by_ratio(files_per_class: list[list[Path]], split: str,
+                         train_ratio: float) -> tuple[list[Path], list[int]]:
+    """SpikingJelly's ``split_to_train_test_set`` (``random_split=False``) on per-class file lists."""
+    files, labels = [], []
+    for label, class_files in enumerate(files_per_class):
+        cut = math.ceil(len(class_files) * train_ratio)
+        chosen = {"train": class_files[:cut], "test": class_files[cut:], "all": class_files}[split]
+        files += chosen
+        labels += [label] * len(chosen)
+    return files, labels
+
+
+def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
+                      size: int | tuple[int, int] | None = None, train_ratio: float = 0.9,
+                      cache_dir: str | os.PathLike | None = None,
+                      cache: bool = True) -> EventFolderSource:
+    """CIFAR10-DVS frames ``[n, T, h, w, 2]`` (event counts, area-averaged if resized).
+
+    Args:
+      split: ``"train"``, ``"test"`` or ``"all"``.
+      data_dir: folder holding the ten class folders of ``.aedat`` files.
+      time_steps: ``T``, frames per example (equal event counts per frame).
+      size: ``None`` for 128x128, an int or ``(h, w)`` to area-resize to.
+      train_ratio: fraction of each class (first files by name) in ``"train"``.
+      cache_dir, cache: see :class:`EventFolderSource`.
+    """
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"cifar10dvs split must be 'train', 'test' or 'all', got {split!r}")
+    if not 0.0 < train_ratio <= 1.0:
+        raise ValueError(f"train_ratio must be in (0, 1], got {train_ratio}")
+    if data_dir is None:
+        raise ValueError(f"cifar10dvs needs data_dir. {_HINT}")
+    root = require_dir(Path(data_dir), "cifar10dvs", _HINT)
+    files_per_class = []
+    for name in CIFAR10DVS_CLASS_NAMES:
+        class_dir = require_dir(root / name, "cifar10dvs", _HINT)
+        names = sorted(f.name for f in class_dir.iterdir() if f.suffix == ".aedat" and f.is_file())
+        files_per_class.append([class_dir / n for n in names])
+    files, labels = split_files_by_ratio(files_per_class, split, train_ratio)
+    if not files:
+        raise FileNotFoundError(f"cifar10dvs: no .aedat files for split {split!r} under {root}. {_HINT}")
+    if isinstance(size, int):
+        size = (size, size)
+    return EventFolderSource(root, files, labels, reader=read_cifar10dvs_aedat,
+                             sensor_size=CIFAR10DVS_SIZE, num_classes=10, time_steps=time_steps,
+                             size=size, cache_dir=cache_dir, cache=cache)
