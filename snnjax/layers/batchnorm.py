@@ -18,7 +18,8 @@ class BatchNorm(nnx.Module):
     """Per-channel batch normalisation; ``use_running_average`` is toggled by ``model.eval()`` / ``model.train()``."""
 
     def __init__(self, num_features: int, *, momentum: float = 0.1, eps: float = 1e-5,
-                 use_running_average: bool = False, param_dtype=jnp.float32, dtype=None):
+                 use_running_average: bool = False, param_dtype=None, dtype=None):
+        param_dtype = param_dtype or jnp.float32
         self.num_features = num_features
         self.momentum = momentum
         self.eps = eps

@@ -33,7 +33,7 @@ class SpikingMLP(nnx.Module):
         for h in hidden:
             fcs.append(layers.linear(fin, h, rngs=rngs, dtype=dtype, param_dtype=param_dtype))
             if batch_norm:
-                bns.append(layers.BatchNorm(h, dtype=dtype))
+                bns.append(layers.BatchNorm(h, dtype=dtype, param_dtype=param_dtype))
             nodes.append(_NODES[neuron](**kwargs))
             fin = h
         self.fcs, self.neurons = nnx.List(fcs), nnx.List(nodes)

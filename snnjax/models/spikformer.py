@@ -31,7 +31,7 @@ class ConvBNLIF(nnx.Module):
         self.pool = pool
         self.conv = layers.conv2d(cin, cout, 3, padding=1, use_bias=False, kernel_init=_init, rngs=rngs,
                                   dtype=dtype, param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(cout, dtype=dtype)
+        self.bn = layers.BatchNorm(cout, dtype=dtype, param_dtype=param_dtype)
         self.neuron = _lif(tau, detach_reset)
 
     def __call__(self, x):
@@ -47,7 +47,7 @@ class LinearBNLIF(nnx.Module):
     def __init__(self, din, dout, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
         self.fc = layers.linear(din, dout, use_bias=False, kernel_init=_init, rngs=rngs, dtype=dtype,
                                 param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(dout, dtype=dtype)
+        self.bn = layers.BatchNorm(dout, dtype=dtype, param_dtype=param_dtype)
         self.neuron = _lif(tau, detach_reset)
 
     def __call__(self, x):

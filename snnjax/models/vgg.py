@@ -30,7 +30,7 @@ class VGGBlock(nnx.Module):
         self.pool = pool
         self.conv = layers.conv2d(in_channels, out_channels, 3, padding=1, kernel_init=_conv_init,
                                   rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(out_channels, dtype=dtype)
+        self.bn = layers.BatchNorm(out_channels, dtype=dtype, param_dtype=param_dtype)
         self.neuron = LIFNode(step_mode="m", **neuron)
 
     def __call__(self, x: jax.Array) -> jax.Array:

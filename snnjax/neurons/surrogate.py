@@ -85,6 +85,14 @@ class SoftSign:
 SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "piecewise_quadratic": PiecewiseQuadratic, "soft_sign": SoftSign}
 
 
+def name_of(surrogate: Surrogate) -> str:
+    """The registry name of a surrogate instance (``ATan()`` -> ``"atan"``)."""
+    for name, cls in SURROGATES.items():
+        if type(surrogate) is cls:
+            return name
+    raise ValueError(f"{surrogate!r} is not one of the named surrogates {sorted(SURROGATES)}")
+
+
 def get(name: str, alpha: float | None = None) -> Surrogate:
     """A surrogate by name (``sigmoid``, ``atan``, ``piecewise_quadratic``, ``soft_sign``)."""
     if name not in SURROGATES:

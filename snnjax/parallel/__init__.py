@@ -1,0 +1,1 @@
+"""Parallelism on one mesh with axes data / fsdp / tensor / stage."""

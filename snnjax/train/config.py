@@ -1,0 +1,97 @@
+"""Training configuration: one ``ml_collections.ConfigDict`` schema and its validation.
+
+Config files (``configs/*.py``) start from ``base_config()`` and override values;
+``--config.key=value`` flags can only set keys that exist here. ``validate``
+checks every enumerated value and cross-field constraint before anything runs,
+naming the key and the allowed values.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from snnjax.data import ENCODERS, SOURCE_NAMES
+from snnjax.models.registry import MODELS, check_model_kwargs
+
+DTYPES = ("float32", "bfloat16", "float64")
+LOSSES = ("ce", "tet")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "cosine", "warmup_cosine")
+PARALLEL_MODES = ("none", "dp")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key a training config may set, with defaults."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.dtype = "float32"  # compute dtype; params stay float32 except under float64
+
+    c.model = ml_collections.ConfigDict({"name": "mlp"})  # the rest: the model constructor's keywords
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "digits"
+    c.data.data_dir = ml_collections.config_dict.placeholder(str)
+    c.data.time_steps = 4  # T; event datasets integrate into T frames
+    c.data.encoder = "direct"  # static images -> spikes over T: direct repetition or poisson
+    c.data.options = ml_collections.ConfigDict()  # extra source options (e.g. size, cache_dir)
+    c.data.prefetch = 2
+
+    c.global_batch_size = 64
+    c.num_epochs = 10
+    c.num_steps = -1  # > 0 overrides num_epochs
+    c.grad_accum_steps = 1
+    c.loss = "ce"  # cross-entropy of the time-mean logits, or TET
+    c.tet_lambda = 0.0  # TET's MSE weight (towards phi = 1)
+
+    c.optimizer = "adam"
+    c.learning_rate = 1e-3
+    c.weight_decay = 0.0
+    c.momentum = 0.9  # sgd only
+    c.schedule = "cosine"
+    c.warmup_steps = 0
+    c.grad_clip_norm = 0.0  # 0: no clipping
+
+    c.log_every_steps = 20
+    c.eval_every_steps = -1  # -1: after every epoch
+    c.checkpoint_every_steps = 200
+    c.keep_checkpoints = 3
+    c.resume = False
+
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.mode = "dp"
+    c.parallel.mesh = "data=-1"  # axis=size pairs over data/fsdp/tensor/stage; one size may be -1
+    return c
+
+
+def _choice(key: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"config.{key}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+def _positive(key: str, value, *, zero_ok: bool = False) -> None:
+    if not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"config.{key} must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Raise ``ValueError`` (naming the key and the allowed values) for an invalid config."""
+    unknown = sorted(set(c.keys()) - set(base_config().keys()))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; allowed: {sorted(base_config().keys())}")
+    _choice("dtype", c.dtype, DTYPES)
+    _choice("loss", c.loss, LOSSES)
+    _choice("optimizer", c.optimizer, OPTIMIZERS)
+    _choice("schedule", c.schedule, SCHEDULES)
+    _choice("data.name", c.data.name, SOURCE_NAMES)
+    _choice("data.encoder", c.data.encoder, tuple(ENCODERS))
+    _choice("model.name", c.model.name, tuple(MODELS))
+    _choice("parallel.mode", c.parallel.mode, PARALLEL_MODES)
+    check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
+    for key in ("global_batch_size", "grad_accum_steps", "data.time_steps", "log_every_steps",
+                "checkpoint_every_steps", "keep_checkpoints", "learning_rate"):
+        _positive(key, c[key] if "." not in key else c.data[key.split(".")[1]])
+    for key in ("weight_decay", "tet_lambda", "grad_clip_norm", "warmup_steps"):
+        _positive(key, c[key], zero_ok=True)
+    if c.num_steps <= 0 and c.num_epochs <= 0:
+        raise ValueError("set config.num_epochs > 0 or config.num_steps > 0")
+    if c.global_batch_size % c.grad_accum_steps:
+        raise ValueError(f"config.global_batch_size={c.global_batch_size} must divide by "
+                         f"config.grad_accum_steps={c.grad_accum_steps}")

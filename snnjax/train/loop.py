@@ -1,0 +1,232 @@
+"""``train_and_evaluate(config, workdir)``: the training program behind ``train.py``.
+
+Data order, dropout masks and Poisson spikes are pure functions of
+``(seed, step)``, and checkpoints hold the optimizer state, so a run resumed
+from a checkpoint continues the exact trajectory of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from snnjax.data import Loader, get_source
+from snnjax.models import create_model
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.train import config as config_lib
+from snnjax.train.checkpoint import Checkpointer, CheckpointError
+from snnjax.train.metrics import MetricWriter
+from snnjax.train.optim import make_optimizer
+from snnjax.train.step import StepConfig, TrainState, eval_step, split_model, train_step
+
+EVENT_DATASETS = ("nmnist", "cifar10dvs", "synthetic_dvs")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+
+
+def make_sources(c: ml_collections.ConfigDict):
+    """``(train, test)`` sources of ``c.data``."""
+    options = dict(c.data.options)
+    if c.data.name in EVENT_DATASETS:
+        options.setdefault("time_steps", c.data.time_steps)
+    return tuple(get_source(c.data.name, split, data_dir=c.data.data_dir, **options) for split in ("train", "test"))
+
+
+def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
+    """The config's model options, with input/output sizes filled in from the data where not set."""
+    kwargs = {k: v for k, v in c.model.items() if k != "name" and v is not None}
+    shape = source.example_shape[-3:]  # [H, W, C] (event data: after the per-example T axis)
+    fill = {"num_classes": source.num_classes}
+    if c.model.name == "mlp":
+        fill["in_features"] = math.prod(shape)
+    elif c.model.name == "cifar10dvs_vgg":
+        fill.update(in_channels=shape[-1], image_size=shape[0])
+    elif c.model.name == "spikformer":
+        fill.update(in_channels=shape[-1], img_size=tuple(shape[:2]), T=c.data.time_steps)
+    return {**fill, **kwargs}
+
+
+def make_mesh(c: ml_collections.ConfigDict):
+    if c.parallel.mode == "none":
+        return mesh_lib.make_mesh("data=1", jax.devices()[:1])
+    return mesh_lib.make_mesh(c.parallel.mesh)
+
+
+def _global_batch(mesh, batch: dict[str, np.ndarray], time_major: bool) -> dict[str, jax.Array]:
+    def put(name, x):
+        axis = 1 if (name == "inputs" and time_major) else 0
+        return jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, x.ndim, axis), x)
+
+    return {k: put(k, v) for k, v in batch.items()}
+
+
+class Trainer:
+    """Holds what one run needs; ``run()`` trains, evaluates, checkpoints and writes the summary."""
+
+    def __init__(self, c: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+        config_lib.validate(c)
+        self.c = c
+        self.workdir = pathlib.Path(workdir)
+        self.is_main = jax.process_index() == 0
+        self.mesh = make_mesh(c)
+        mesh_lib.check_batch_divides(self.mesh, c.global_batch_size, c.grad_accum_steps)
+
+        train_src, test_src = make_sources(c)
+        self.time_major = train_src.time_steps is not None
+        self.train_loader = Loader(train_src, c.global_batch_size, seed=c.seed, shuffle=True,
+                                   drop_remainder=True, prefetch=c.data.prefetch)
+        self.eval_loader = Loader(test_src, c.global_batch_size, seed=c.seed, shuffle=False,
+                                  drop_remainder=False, prefetch=c.data.prefetch)
+        spe = self.train_loader.steps_per_epoch
+        self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
+        self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
+
+        dtype = _DTYPES[c.dtype]
+        param_dtype = jnp.float64 if c.dtype == "float64" else jnp.float32
+        self.model_kwargs = model_kwargs(c, train_src)
+        model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
+                             dtype=dtype, param_dtype=param_dtype)
+        graphdef, params, rngs, rest = split_model(model)
+        self.tx, self.schedule = make_optimizer(c, self.total_steps)
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
+                           opt_state=self.tx.init(params))
+        self.state = jax.device_put(state, mesh_lib.replicated(self.mesh))
+        self.num_params = sum(x.size for x in jax.tree.leaves(params))
+
+        step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
+                              encoder=None if self.time_major else c.data.encoder, loss=c.loss,
+                              tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype)
+        self._train_step = jax.jit(functools.partial(train_step, step_cfg, graphdef, self.tx), donate_argnums=0)
+        self._eval_step = jax.jit(functools.partial(eval_step, step_cfg, graphdef))
+        self.checkpointer = None
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _open_checkpoints(self) -> None:
+        ckpt_dir = self.workdir / "checkpoints"
+        existing = ckpt_dir.exists() and any(ckpt_dir.iterdir())
+        if self.c.resume:
+            if not existing:
+                raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
+                                      "--config.resume=True to start fresh, or pass the run's --workdir")
+            reader = Checkpointer(ckpt_dir, self.c.keep_checkpoints, read_only=True)
+            self.state, meta = reader.restore(self.state)
+            reader.close()
+            if meta.get("global_batch_size") != self.c.global_batch_size or meta.get("data") != self.c.data.name:
+                raise CheckpointError(f"the checkpoint in {ckpt_dir} was written with global_batch_size="
+                                      f"{meta.get('global_batch_size')} on {meta.get('data')!r}; this run uses "
+                                      f"{self.c.global_batch_size} on {self.c.data.name!r}, so it cannot continue "
+                                      "the same trajectory")
+        elif existing:
+            raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
+                                  "run, or choose another --workdir (nothing was overwritten)")
+        self.checkpointer = Checkpointer(ckpt_dir, self.c.keep_checkpoints)
+
+    def _save(self) -> None:
+        meta = {"global_batch_size": self.c.global_batch_size, "data": self.c.data.name,
+                "config": json.loads(self.c.to_json_best_effort())}
+        self.checkpointer.save(self.state, meta)
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+        for i, batch in enumerate(self.eval_loader.epoch_batches(0)):
+            out = self._eval_step(self.state, _global_batch(self.mesh, batch, self.time_major), jnp.asarray(i))
+            for k, v in jax.device_get(out).items():
+                totals[k] += float(v)
+        n = max(totals["count"], 1.0)
+        return {"eval_loss": totals["loss"] / n, "eval_accuracy": totals["correct"] / n}
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        c = self.c
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._open_checkpoints()
+        start = int(jax.device_get(self.state.step))
+        writer = MetricWriter(self.workdir, enabled=self.is_main)
+        if self.is_main:
+            (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
+
+        batches = self.train_loader.batches(start_step=start)
+        first = _global_batch(self.mesh, next(batches), self.time_major)
+        t0 = time.perf_counter()
+        compiled = self._train_step.lower(self.state, first).compile()
+        compile_seconds = time.perf_counter() - t0
+        self._log(f"{c.model.name}: {self.num_params:,} parameters; mesh {dict(self.mesh.shape)}; "
+                  f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
+                  f"compiled in {compile_seconds:.1f}s" + (f"; resuming at step {start}" if start else ""))
+
+        from tqdm import tqdm
+
+        progress = tqdm(total=self.total_steps, initial=start, disable=not self.is_main, unit="step",
+                        dynamic_ncols=True)
+        window, window_t, window_steps = [], time.perf_counter(), 0
+        train_time, trained, last = 0.0, 0, {}
+        eval_metrics: dict[str, float] = {}
+        batch = first
+        for step in range(start, self.total_steps):
+            t = time.perf_counter()
+            self.state, metrics = compiled(self.state, batch)
+            window.append(metrics)
+            window_steps += 1
+            done = step + 1
+            if done < self.total_steps:
+                batch = _global_batch(self.mesh, next(batches), self.time_major)
+            if done % c.log_every_steps == 0 or done == self.total_steps:
+                mean = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
+                elapsed = time.perf_counter() - window_t
+                last = {"train_loss": mean["loss"], "train_accuracy": mean["accuracy"], "grad_norm": mean["grad_norm"],
+                        "learning_rate": float(self.schedule(step)), "epoch": done / self.train_loader.steps_per_epoch,
+                        "samples_per_sec": window_steps * c.global_batch_size / elapsed}
+                writer.write(done, last)
+                progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
+                                     sps=f"{last['samples_per_sec']:.0f}")
+                window, window_t, window_steps = [], time.perf_counter(), 0
+            train_time += time.perf_counter() - t
+            trained += 1
+            progress.update(1)
+            if done % self.eval_every == 0 or done == self.total_steps:
+                t = time.perf_counter()
+                eval_metrics = self.evaluate()
+                writer.write(done, eval_metrics)
+                progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
+                               f"eval_accuracy {eval_metrics['eval_accuracy']:.4f}")
+                window_t += time.perf_counter() - t
+            if done % c.checkpoint_every_steps == 0 or done == self.total_steps:
+                self._save()
+        progress.close()
+        if not eval_metrics:  # resumed at the end: nothing left to train
+            eval_metrics = self.evaluate()
+        self.checkpointer.wait()
+        self.checkpointer.close()
+        writer.close()
+
+        summary = {
+            "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
+            **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
+            "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
+            "compile_seconds": compile_seconds, "mode": c.parallel.mode, "mesh": dict(self.mesh.shape),
+            "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
+        }
+        if self.is_main:
+            (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _log(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+
+
+def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
+    """Train ``c`` in ``workdir``; returns the summary (also written to ``workdir/summary.json``)."""
+    return Trainer(c, workdir).run()

@@ -1,0 +1,134 @@
+"""Pure train and eval steps: ``(state, batch) -> (state, metrics)``.
+
+The model is carried as NNX state split into parameters, RNG streams and the
+rest (BatchNorm statistics, ...). Randomness is a pure function of
+``(seed, step)``: the dropout stream is reseeded from it on every step, so a
+resumed run replays exactly the same masks and Poisson spikes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from snnjax.data.encoders import encode
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a training step reads and writes (a pytree)."""
+
+    step: jax.Array  # int32 scalar: optimizer steps taken
+    params: nnx.State  # nnx.Param variables
+    rngs: nnx.State  # nnx.RngState (reseeded every step; not checkpointed)
+    model_state: nnx.State  # everything else (BatchNorm statistics, neuron state, ...)
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static settings of the step functions (hashable)."""
+
+    seed: int
+    time_steps: int
+    encoder: str | None  # None: inputs are already [T, N, ...]
+    loss: str = "ce"
+    tet_lambda: float = 0.0
+    grad_accum_steps: int = 1
+    compute_dtype: Any = jnp.float32
+
+
+def split_model(model: nnx.Module):
+    """``(graphdef, params, rngs, rest)``."""
+    return nnx.split(model, nnx.Param, nnx.RngState, ...)
+
+
+def classification_loss(logits: jax.Array, labels: jax.Array, kind: str = "ce", tet_lambda: float = 0.0):
+    """Per-example loss of logits ``[T, N, K]``.
+
+    ``ce``: cross-entropy of the time-mean logits (SpikingJelly's usual objective).
+    ``tet``: mean over t of the cross-entropy of each step's logits, plus
+    ``tet_lambda`` times the mean squared distance of the logits to 1 (Deng et al., 2022).
+    """
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if kind == "ce":
+        return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels)
+    per_step = optax.softmax_cross_entropy_with_integer_labels(logits, labels[None])  # [T, N]
+    loss = per_step.mean(0)
+    if tet_lambda:
+        loss = (1.0 - tet_lambda) * loss + tet_lambda * jnp.mean(jnp.square(logits - 1.0), axis=(0, 2))
+    return loss
+
+
+def model_inputs(cfg: StepConfig, inputs: jax.Array, key: jax.Array) -> jax.Array:
+    """Batch inputs -> the model's ``[T, N, ...]`` in the compute dtype."""
+    if cfg.encoder is not None:
+        inputs = encode(cfg.encoder, inputs, cfg.time_steps, key)
+    return inputs.astype(cfg.compute_dtype)
+
+
+def _microbatches(x: jax.Array, labels: jax.Array, k: int):
+    """Split the batch axis (1 of ``x [T, N, ...]``, 0 of labels) into ``k`` leading chunks."""
+    t, n = x.shape[:2]
+    x = x.reshape(t, k, n // k, *x.shape[2:]).swapaxes(0, 1)
+    return x, labels.reshape(k, n // k)
+
+
+def _fresh(tree):
+    """New Variable objects at the current trace level (NNX forbids writing Variables from an outer trace)."""
+    return jax.tree.map(lambda v: v, tree)
+
+
+def train_step(cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+               state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step on ``batch`` (``inputs``, ``labels``); gradients averaged over microbatches."""
+    key = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
+    enc_key, drop_key = jax.random.split(key)
+    x = model_inputs(cfg, batch["inputs"], enc_key)
+    xs, ys = _microbatches(x, batch["labels"], cfg.grad_accum_steps)
+    acc_dtype = jnp.promote_types(cfg.compute_dtype, jnp.float32)  # loss/accuracy sums
+
+    def loss_fn(params, model_state, x, y, i):
+        model = nnx.merge(graphdef, params, _fresh(state.rngs), _fresh(model_state))
+        nnx.reseed(model, dropout=jax.random.fold_in(drop_key, i))
+        logits = model(x)
+        loss = classification_loss(logits, y, cfg.loss, cfg.tet_lambda).mean().astype(acc_dtype)
+        correct = jnp.mean(jnp.argmax(logits.mean(0), -1) == y).astype(acc_dtype)
+        return loss, (correct, split_model(model)[3])
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulate(carry, inp):
+        grads, model_state, loss_sum, acc_sum = carry
+        i, x, y = inp
+        (loss, (acc, model_state)), g = grad_fn(state.params, model_state, x, y, i)
+        grads = jax.tree.map(jnp.add, grads, g)
+        return (grads, model_state, loss_sum + loss, acc_sum + acc), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    init = (zeros, state.model_state, jnp.zeros((), acc_dtype), jnp.zeros((), acc_dtype))
+    k = cfg.grad_accum_steps
+    (grads, model_state, loss_sum, acc_sum), _ = jax.lax.scan(accumulate, init, (jnp.arange(k), xs, ys))
+    grads = jax.tree.map(lambda g: g / k, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
+    metrics = {"loss": loss_sum / k, "accuracy": acc_sum / k, "grad_norm": optax.tree.norm(grads)}
+    return new_state, metrics
+
+
+def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],
+              index: jax.Array) -> dict[str, jax.Array]:
+    """Sums over the unmasked examples of ``batch``: ``loss``, ``correct``, ``count`` (eval mode: running BN stats)."""
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), index)
+    model = nnx.merge(graphdef, state.params, state.rngs, state.model_state)
+    model.eval()
+    logits = model(model_inputs(cfg, batch["inputs"], key))
+    mask = batch["mask"].astype(jnp.float32)
+    loss = classification_loss(logits, batch["labels"], cfg.loss, cfg.tet_lambda)
+    correct = (jnp.argmax(logits.mean(0), -1) == batch["labels"]).astype(jnp.float32)
+    return {"loss": jnp.sum(loss * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
