@@ -141,7 +141,7 @@ def test_float64_and_tet_loss(tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ("--config.optimizer=adamx", "config.optimizer='adamx' is not allowed; choose one of"),
-    ("--config.model.width=3", "'width'"),
+    ("--config.model.width=3", 'names no key of the config ("width")'),
     ("--config.parallel.mesh=data=3", "needs 3 devices but 8 are available"),
     ("--config.global_batch_size=12", "does not divide over data x fsdp = 8"),
     ("--config.data.name=imagenet", "config.data.name='imagenet' is not allowed"),
