@@ -18,14 +18,6 @@ from snnjax.neurons import functional as F
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "models.npz"
 
 
-@pytest.fixture
-def x64():
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", prev)
-
-
 def run_check(path) -> tuple[int, list[dict]]:
     proc = subprocess.run([sys.executable, "-m", "snnjax.interop.spikingjelly", "check", str(path)],
                           capture_output=True, text=True, timeout=900)
@@ -141,5 +133,5 @@ def test_spikformer_import_covers_every_variable():
     sd = {k[len("spikformer/init/"):]: arrays[k] for k in arrays.files if k.startswith("spikformer/init/")}
     model = Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2, rngs=nnx.Rngs(0))
     import_state_dict(model, sd)
-    np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],
-                               sd["blocks.1.attn.qkv_conv_bn.0.weight"][:, :, 0].T, rtol=1e-6)
+    np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],  # [D, 3D] split as [D, 3, heads, head_dim]
+                               sd["blocks.1.attn.qkv_conv_bn.0.weight"][:, :, 0].T.reshape(32, 3, 4, 8), rtol=1e-6)

@@ -22,13 +22,7 @@ from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _x32():
-    """These checks are about the default 32-bit mode; restore whatever was set before."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", False)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("x32_module")
 
 
 CONFIGS = {

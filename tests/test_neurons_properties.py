@@ -25,13 +25,7 @@ RTOL = 1e-10
 IMPLS = {"custom_vjp": F.multistep, "autodiff": F.multistep_reference}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _x64():
-    """float64 for this module only; the previous setting is restored afterwards."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("x64_module")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from snnjax.interop.fixtures import neuron_outputs
 from snnjax.neurons import functional as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
@@ -62,13 +63,7 @@ def _case_id(i: int, d: dict) -> str:
 CASE_PARAMS = [pytest.param(i, id=_case_id(i, d)) for i, d in enumerate(CASES)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _x64():
-    """float64 for this module only; the previous setting is restored afterwards."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("x64_module")
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,16 +146,6 @@ def _check_spikes(got, want):
     assert n_bad == 0, f"spikes: {n_bad} of {want.size} differ"
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _functional(cfg, x, w, grad_spikes):
-    def loss(x, w):
-        s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True)
-        return jnp.sum(s * grad_spikes), (s, v_seq)
-
-    (_, (s, v_seq)), (gx, gw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
-    return s, v_seq, gx, gw
-
-
 def test_reference_has_cases(reference_dir):
     assert len(CASES) > 0 and CASES[0], "neurons.json lists no cases"
     kinds = {d["kind"] for d in CASES}
@@ -174,7 +159,7 @@ def test_functional_multistep_matches_spikingjelly(reference_dir, i):
     w = jnp.asarray(_plif_w(d, a)) if d["kind"] == "PLIF" else None
     x = jnp.asarray(a["x"])
     assert x.dtype == jnp.float64
-    s, v_seq, gx, gw = _functional(cfg, x, w, jnp.asarray(a["grad_spikes"]))
+    s, v_seq, gx, gw = neuron_outputs(cfg, x, jnp.asarray(a["grad_spikes"]), w)
     assert s.dtype == v_seq.dtype == gx.dtype == jnp.float64
     _check_spikes(s, a["spikes"])
     _check("v_seq", v_seq, a["v_seq"])

@@ -125,18 +125,11 @@ def test_model_configs_run_on_synthetic_events(tmp_path, name, model_overrides):
     assert 0.0 <= summary["eval_accuracy"] <= 1.0
 
 
-def test_float64_and_tet_loss(tmp_path):
-    import jax
-
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        c = load_config("digits")
-        c.dtype, c.loss, c.tet_lambda, c.num_steps, c.parallel.mode = "float64", "tet", 0.1, 3, "none"
-        summary = train_and_evaluate(c, tmp_path)
-        assert summary["dtype"] == "float64" and np.isfinite(summary["train_loss"])
-    finally:
-        jax.config.update("jax_enable_x64", prev)
+def test_float64_and_tet_loss(tmp_path, x64):
+    c = load_config("digits")
+    c.dtype, c.loss, c.tet_lambda, c.num_steps, c.parallel.mode = "float64", "tet", 0.1, 3, "none"
+    summary = train_and_evaluate(c, tmp_path)
+    assert summary["dtype"] == "float64" and np.isfinite(summary["train_loss"])
 
 
 @pytest.mark.parametrize("override,message", [

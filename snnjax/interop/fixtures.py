@@ -60,7 +60,8 @@ def neuron_config(case: dict[str, Any]) -> F.NeuronConfig:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _neuron_outputs(cfg, x, gy, w):
+def neuron_outputs(cfg: F.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Array | None):
+    """``(spikes, v_seq, dx, dw)`` of ``multistep`` for the loss ``sum(spikes * gy)`` (jitted per config)."""
     def loss(x, w):
         s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True)
         return jnp.sum(s * gy), (s, v_seq)
@@ -73,7 +74,7 @@ def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> di
     """Recompute one neuron case; returns its errors and ``ok``."""
     cfg = neuron_config(case)
     w = jnp.asarray(arrays["w"]) if cfg.kind == "PLIF" else None
-    s, v_seq, gx, gw = _neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w)
+    s, v_seq, gx, gw = neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w)
     out = {
         "spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"])),
         "v_seq": rel_err(v_seq, arrays["v_seq"]),
