@@ -59,22 +59,23 @@ def neuron_config(case: dict[str, Any]) -> F.NeuronConfig:
                           surrogate=parse_surrogate(case.get("surrogate", "sigmoid4")))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def neuron_outputs(cfg: F.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Array | None):
-    """``(spikes, v_seq, dx, dw)`` of ``multistep`` for the loss ``sum(spikes * gy)`` (jitted per config)."""
+@functools.partial(jax.jit, static_argnums=0, static_argnames="impl")
+def neuron_outputs(cfg: F.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Array | None, impl: str = "auto"):
+    """``(spikes, v_seq, dx, dw)`` of ``multistep`` for the loss ``sum(spikes * gy)`` (jitted per config and impl)."""
     def loss(x, w):
-        s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True)
+        s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True, impl=impl)
         return jnp.sum(s * gy), (s, v_seq)
 
     (_, (s, v_seq)), (gx, gw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
     return s, v_seq, gx, gw
 
 
-def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Recompute one neuron case; returns its errors and ``ok``."""
+def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
+    """Recompute one neuron case with ``multistep(..., impl=impl)``; returns its errors and ``ok``."""
     cfg = neuron_config(case)
     w = jnp.asarray(arrays["w"]) if cfg.kind == "PLIF" else None
-    s, v_seq, gx, gw = neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w)
+    s, v_seq, gx, gw = neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w,
+                                      impl=impl)
     out = {
         "spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"])),
         "v_seq": rel_err(v_seq, arrays["v_seq"]),
@@ -118,11 +119,18 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
     raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer)")
 
 
-def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Import ``init/`` weights, recompute eval/train logits, loss, gradients and BN statistics."""
+def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
+    """Import ``init/`` weights, recompute eval/train logits, loss, gradients and BN statistics.
+
+    Every neuron of the model runs its multi-step path with ``impl``.
+    """
     from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
+    from snnjax.neurons.modules import BaseNode
 
     model, x = build_model(meta, arrays)
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, BaseNode):
+            module.impl = impl
     sub = lambda prefix: {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}  # noqa: E731
     import_state_dict(model, sub("init/"), dtype=jnp.float64)
     labels = jnp.asarray(arrays["labels"])
@@ -174,24 +182,30 @@ def load(path: str | pathlib.Path) -> tuple[Any, np.lib.npyio.NpzFile]:
     return json.loads(meta_path.read_text()), np.load(path)
 
 
-def iter_cases(cases, arrays):
-    """Yield ``(name, result)`` for every case of a reference file."""
+def iter_cases(cases, arrays, impl: str = "auto"):
+    """Yield ``(name, result)`` for every case of a reference file, neurons run with ``impl``."""
     if isinstance(cases, list):
         for i, case in enumerate(cases):
             prefix = f"case{i:03d}/"
             sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
-            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, sub)}
+            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, sub, impl)}
     elif isinstance(cases, dict):
         for name, meta in cases.items():
             prefix = f"{name}/"
             sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
-            yield name, {"model": meta["model"], **check_model_case(meta, sub)}
+            yield name, {"model": meta["model"], **check_model_case(meta, sub, impl)}
     else:
         raise ValueError("reference json must be a list of neuron cases or a mapping of model cases")
 
 
-def check_file(path: str) -> int:
-    """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code."""
+def check_file(path: str, impl: str = "auto") -> int:
+    """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code.
+
+    ``impl`` (``auto``, ``xla``, ``pallas``) is the neurons' multi-step implementation
+    (``functional.multistep``); ``pallas`` runs the kernels in interpret mode on a CPU.
+    """
+    if impl not in F.IMPLS:
+        raise ValueError(f"impl must be one of {F.IMPLS}, got {impl!r}")
     jax.config.update("jax_enable_x64", True)
     # Random initial values are overwritten by the imported weights; rbg compiles far faster on CPU.
     jax.config.update("jax_default_prng_impl", "rbg")
@@ -201,7 +215,7 @@ def check_file(path: str) -> int:
         print(json.dumps({"error": str(e)}))
         return 2
     n = failed = 0
-    for name, result in iter_cases(cases, arrays):
+    for name, result in iter_cases(cases, arrays, impl):
         n += 1
         failed += not result["ok"]
         print(json.dumps({"case": name, **result}), flush=True)

@@ -1,12 +1,14 @@
 """Import SpikingJelly (PyTorch) weights into snnjax models, and the fixture-checker CLI.
 
-    python -m snnjax.interop.spikingjelly check FILE.npz [--impl xla]
+    python -m snnjax.interop.spikingjelly check FILE.npz [--impl {auto,xla,pallas}]
 
 A ``state_dict`` is any mapping from torch key to numpy array (``np.load`` of an
 ``.npz``, or ``{k: v.numpy() for k, v in torch.load(...).items()}``). Layouts are
 converted on the way in: Conv2d ``[O, I, kh, kw] -> [kh, kw, I, O]``, Conv1d
 ``[O, I, 1] -> [I, O]``, Linear ``[out, in] -> [in, out]``, and the VGG
-classifier's input axis from torch's ``[C, H, W]`` flatten order to our ``[H, W, C]``.
+classifier's input axis from torch's ``[C, H, W]`` flatten order to our ``[H, W, C]``, and
+Spikformer's attention split by head: the fused q/k/v kernel ``[D, 3D] -> [D, 3, heads, head_dim]``
+(its BatchNorm ``[3D] -> [3, heads, head_dim]``), the output projection ``[D, D] -> [heads, head_dim, D]``.
 Every conversion is a permutation, so the same function maps torch gradients.
 """
 from __future__ import annotations
@@ -83,12 +85,34 @@ _SPIKFORMER_PARTS = [
 ]
 
 
+def _by_head(convert: Convert, shape: tuple[int, ...], path: Path) -> Convert:
+    """``convert`` then reshape the flat channel dim(s) to the head-split ``shape`` of the model's variable."""
+
+    def f(arr):
+        out = convert(arr)
+        if out.size != int(np.prod(shape)):
+            raise ValueError(f"shape mismatch at {'.'.join(map(str, path))}: model {shape}, state_dict gives "
+                             f"{out.shape} after layout conversion")
+        return out.reshape(shape)
+
+    return f
+
+
 def _spikformer_rule(model: Spikformer, key: str):
     for pattern, prefix, (layer_name, bn_name) in _SPIKFORMER_PARTS:
         if m := re.fullmatch(pattern, key):
             groups = m.groups()
             is_bn = groups[-2] == "1"
-            return _layer(prefix(groups) + (bn_name if is_bn else layer_name,), groups[-1], is_bn)
+            target = _layer(prefix(groups) + (bn_name if is_bn else layer_name,), groups[-1], is_bn)
+            if target is not None and "attn" in target[0]:  # head-split layouts
+                path, convert = target
+                attn = model.blocks[path[1]].attn
+                heads, dim = attn.num_heads, attn.proj.bn.num_features
+                shape = {("qkv", "fc"): (dim, 3, heads, dim // heads), ("qkv", "bn"): (3, heads, dim // heads),
+                         ("proj", "fc"): (heads, dim // heads, dim)}.get(path[3:5])
+                if shape is not None:
+                    target = path, _by_head(convert, shape, path)
+            return target
     if m := re.fullmatch(r"head\.(weight|bias)", key):
         return _layer(("head",), m[1], False)
     raise KeyError(key)
@@ -144,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="recompute a SpikingJelly reference file (FILE.npz + FILE.json) in float64")
     check.add_argument("file", help="the .npz file; its sibling .json describes the cases")
+    check.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
+                       help="the neurons' multi-step implementation (pallas runs interpreted on a CPU)")
     args = parser.parse_args(argv)
     from snnjax.interop import fixtures
 
-    return fixtures.check_file(args.file)
+    return fixtures.check_file(args.file, impl=args.impl)
 
 
 if __name__ == "__main__":

@@ -3,35 +3,85 @@
 Flax's ``Conv`` and ``Linear`` already treat every leading axis as batch, so
 ``[T, N, H, W, C]`` runs as one merged ``[T*N]`` batch (SpikingJelly's
 ``SeqToANNContainer``) without an explicit reshape.
+
+Under a parallel plan whose batch is split over devices, ``Conv2d`` merges the
+batch as ``[N*T]`` instead: ``N`` is the split axis, and a merge with the split
+axis minor (``T*N``) cannot stay split, so XLA would gather the whole batch onto
+every device. The result is the same (each example is convolved on its own).
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
 
+from snnjax.parallel.logical import annotate_layer, batch_is_split
+
+Axes = Sequence[str | None] | None
+
+
+class Conv2d(nnx.Conv):
+    """``nnx.Conv`` on ``[T, N, H, W, C]`` that keeps a device-split batch axis split (see the module docstring)."""
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        if inputs.ndim == 5 and batch_is_split():
+            t, n = inputs.shape[:2]
+            y = super().__call__(inputs.swapaxes(0, 1).reshape(n * t, *inputs.shape[2:]))
+            return y.reshape(n, t, *y.shape[1:]).swapaxes(0, 1)
+        return super().__call__(inputs)
+
 
 def conv2d(in_channels: int, out_channels: int, kernel_size: int, *, stride: int = 1, padding: int = 0,
-           use_bias: bool = True, kernel_init=None, rngs: nnx.Rngs, dtype=None, param_dtype=None) -> nnx.Conv:
-    """A torch-style ``Conv2d`` (integer symmetric padding) on ``[..., H, W, C]``; kernel ``[kh, kw, I, O]``."""
+           use_bias: bool = True, kernel_init=None, rngs: nnx.Rngs, dtype=None, param_dtype=None,
+           axes: Axes = None) -> Conv2d:
+    """A torch-style ``Conv2d`` (integer symmetric padding) on ``[..., H, W, C]``; kernel ``[kh, kw, I, O]``.
+
+    ``axes``: logical names ``(in, out)`` of the channel dims (the window dims are ``window``).
+    """
     kwargs = {}
     if kernel_init is not None:
         kwargs["kernel_init"] = kernel_init
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
-    return nnx.Conv(in_channels, out_channels, (kernel_size, kernel_size), strides=stride,
+    conv = Conv2d(in_channels, out_channels, (kernel_size, kernel_size), strides=stride,
                     padding=((padding, padding), (padding, padding)), use_bias=use_bias,
                     dtype=dtype, rngs=rngs, **kwargs)
+    return annotate_layer(conv, ("window", "window", *axes)) if axes is not None else conv
 
 
 def linear(in_features: int, out_features: int, *, use_bias: bool = True, kernel_init=None,
-           rngs: nnx.Rngs, dtype=None, param_dtype=None) -> nnx.Linear:
-    """``[..., in] -> [..., out]``; kernel ``[in, out]`` (a torch ``Conv1d(k=1)`` on tokens is this too)."""
+           rngs: nnx.Rngs, dtype=None, param_dtype=None, axes: Axes = None) -> nnx.Linear:
+    """``[..., in] -> [..., out]``; kernel ``[in, out]`` (a torch ``Conv1d(k=1)`` on tokens is this too).
+
+    ``axes``: logical names ``(in, out)`` of the kernel (the bias takes ``out``).
+    """
     kwargs = {}
     if kernel_init is not None:
         kwargs["kernel_init"] = kernel_init
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
-    return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+    layer = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+    return annotate_layer(layer, axes) if axes is not None else layer
+
+
+def linear_general(in_features: int | tuple[int, ...], out_features: int | tuple[int, ...], *,
+                   use_bias: bool = True, kernel_init=None, rngs: nnx.Rngs, dtype=None, param_dtype=None,
+                   axes: Axes = None) -> nnx.LinearGeneral:
+    """A linear map over the trailing ``in_features`` dims to ``out_features`` dims; kernel ``[*in, *out]``.
+
+    E.g. a fused q/k/v projection ``D -> (3, heads, head_dim)`` whose kernel can be split by whole heads.
+    ``axes``: one logical name per kernel dim (the bias takes the output dims' names).
+    """
+    in_features = (in_features,) if isinstance(in_features, int) else tuple(in_features)
+    kwargs = {}
+    if kernel_init is not None:
+        kwargs["kernel_init"] = kernel_init
+    if param_dtype is not None:
+        kwargs["param_dtype"] = param_dtype
+    layer = nnx.LinearGeneral(in_features, out_features, axis=tuple(range(-len(in_features), 0)),
+                              use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+    return annotate_layer(layer, axes) if axes is not None else layer
 
 
 def flatten_features(x: jax.Array, lead: int = 2) -> jax.Array:

@@ -1,4 +1,10 @@
-"""A spiking multi-layer perceptron: ``flatten -> [Linear -> neuron] * k -> Linear``."""
+"""A spiking multi-layer perceptron: ``flatten -> [Linear -> neuron] * k -> Linear``.
+
+Tensor parallelism: the hidden layers alternate column- and row-parallel (logical
+names ``embed -> mlp``, then ``mlp -> embed``), the head continuing the pattern,
+so every pair of layers costs one all-reduce and the neurons between them hold
+only their shard of the units.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,6 +15,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, Sigmoid
 from snnjax.neurons.surrogate import Surrogate
+from snnjax.parallel.logical import alternate
 
 _NODES = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
 
@@ -30,15 +37,17 @@ class SpikingMLP(nnx.Module):
         elif neuron == "PLIF":
             kwargs.update(init_tau=tau, decay_input=decay_input)
         fcs, bns, nodes, fin = [], [], [], in_features
-        for h in hidden:
-            fcs.append(layers.linear(fin, h, rngs=rngs, dtype=dtype, param_dtype=param_dtype))
+        for i, h in enumerate(hidden):
+            axes = alternate(i)
+            fcs.append(layers.linear(fin, h, rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes))
             if batch_norm:
-                bns.append(layers.BatchNorm(h, dtype=dtype, param_dtype=param_dtype))
+                bns.append(layers.BatchNorm(h, dtype=dtype, param_dtype=param_dtype, axes=axes[1:]))
             nodes.append(_NODES[neuron](**kwargs))
             fin = h
         self.fcs, self.neurons = nnx.List(fcs), nnx.List(nodes)
         self.bns = nnx.List(bns) if batch_norm else None
-        self.head = layers.linear(fin, num_classes, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.head = layers.linear(fin, num_classes, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                                  axes=(alternate(len(hidden))[0], "classes"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = layers.flatten_features(x)

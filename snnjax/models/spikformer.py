@@ -7,6 +7,13 @@ self-attention and a spiking MLP to the token stream ``[T, N, L, D]``. SSA per
 head: ``(V K^T) Q * 0.125`` over the ``head_dim x head_dim`` channel product,
 then a LIF with threshold 0.5. Logits ``[T, N, classes]`` from the token mean.
 All LIF neurons: tau=2, detach_reset, Sigmoid(4) surrogate, hard reset to 0.
+
+Tensor parallelism splits attention by whole heads: the fused q/k/v projection's
+kernel is ``[D, 3, heads, head_dim]`` (torch's ``[3D, D]`` in the same channel
+order, reshaped) and its BatchNorm ``[3, heads, head_dim]``, so sharding ``heads``
+never splits a head; the output projection's kernel is ``[heads, head_dim, D]``
+(row-parallel). The MLP is ``fc1`` column- / ``fc2`` row-parallel and the patch
+stem alternates likewise; the positional-encoding conv and the head stay whole.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from flax import nnx
 
 from snnjax import layers
 from snnjax.neurons import LIFNode
+from snnjax.parallel.logical import alternate
 
 _init = jax.nn.initializers.truncated_normal(0.02)
 
@@ -27,11 +35,12 @@ def _lif(tau, detach_reset, v_threshold=1.0):
 class ConvBNLIF(nnx.Module):
     """``Conv3x3 (no bias) -> BatchNorm -> [MaxPool(3, 2, 1)] -> LIF`` on ``[T, N, H, W, C]``."""
 
-    def __init__(self, cin, cout, pool, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, cin, cout, pool, tau, detach_reset, *, rngs, dtype=None, param_dtype=None,
+                 axes=("embed", "mlp")):
         self.pool = pool
         self.conv = layers.conv2d(cin, cout, 3, padding=1, use_bias=False, kernel_init=_init, rngs=rngs,
-                                  dtype=dtype, param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(cout, dtype=dtype, param_dtype=param_dtype)
+                                  dtype=dtype, param_dtype=param_dtype, axes=axes)
+        self.bn = layers.BatchNorm(cout, dtype=dtype, param_dtype=param_dtype, axes=axes[1:])
         self.neuron = _lif(tau, detach_reset)
 
     def __call__(self, x):
@@ -42,12 +51,21 @@ class ConvBNLIF(nnx.Module):
 
 
 class LinearBNLIF(nnx.Module):
-    """Token-wise ``Linear (no bias) -> BatchNorm -> LIF`` on ``[T, N, L, D]`` (torch: ``Conv1d(k=1)`` + ``BatchNorm1d``)."""
+    """Token-wise ``Linear (no bias) -> BatchNorm -> LIF`` on ``[T, N, L, D]`` (torch: ``Conv1d(k=1)`` + ``BatchNorm1d``).
 
-    def __init__(self, din, dout, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
-        self.fc = layers.linear(din, dout, use_bias=False, kernel_init=_init, rngs=rngs, dtype=dtype,
-                                param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(dout, dtype=dtype, param_dtype=param_dtype)
+    ``din`` / ``dout`` may be tuples (the trailing input / output dims, e.g. ``(3, heads, head_dim)``);
+    ``axes`` names the kernel's dims, the BatchNorm taking the output dims' names.
+    """
+
+    def __init__(self, din, dout, tau, detach_reset, *, rngs, dtype=None, param_dtype=None,
+                 axes=("embed", "mlp")):
+        kw = dict(use_bias=False, kernel_init=_init, rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes)
+        if isinstance(din, int) and isinstance(dout, int):
+            self.fc = layers.linear(din, dout, **kw)
+        else:
+            self.fc = layers.linear_general(din, dout, **kw)
+        n_in = 1 if isinstance(din, int) else len(din)
+        self.bn = layers.BatchNorm(dout, dtype=dtype, param_dtype=param_dtype, axes=tuple(axes)[n_in:])
         self.neuron = _lif(tau, detach_reset)
 
     def __call__(self, x):
@@ -55,32 +73,37 @@ class LinearBNLIF(nnx.Module):
 
 
 class SpikingSelfAttention(nnx.Module):
-    """SSA on ``[T, N, L, D]``; heads split ``D`` as ``(heads, head_dim)``."""
+    """SSA on ``[T, N, L, D]``; heads split ``D`` as ``(heads, head_dim)``.
+
+    ``qkv``: ``D -> (3, heads, head_dim)`` (column-parallel over whole heads); ``proj``:
+    ``(heads, head_dim) -> D`` (row-parallel), so attention costs one all-reduce under TP.
+    """
 
     def __init__(self, dim, num_heads, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
         if dim % num_heads:
             raise ValueError(f"embed_dims={dim} must be divisible by num_heads={num_heads}")
         self.num_heads, self.scale = num_heads, 0.125
-        self.qkv = LinearBNLIF(dim, 3 * dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        heads = (num_heads, dim // num_heads)
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.qkv = LinearBNLIF(dim, (3, *heads), tau, detach_reset, axes=("embed", "qkv", "heads", "head_dim"), **kw)
         self.attn_neuron = _lif(tau, detach_reset, v_threshold=0.5)
-        self.proj = LinearBNLIF(dim, dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.proj = LinearBNLIF(heads, dim, tau, detach_reset, axes=("heads", "head_dim", "embed"), **kw)
 
     def __call__(self, x):
-        *lead, length, dim = x.shape
-        qkv = self.qkv(x).reshape(*lead, length, 3, self.num_heads, dim // self.num_heads)
+        qkv = self.qkv(x)  # [T, N, L, 3, heads, hd]
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]  # [T, N, L, heads, hd]
         vk = jnp.einsum("...lhd,...lhe->...hde", v, k)
         y = jnp.einsum("...hde,...lhe->...lhd", vk, q) * self.scale
-        y = self.attn_neuron(y).reshape(*lead, length, dim)
-        return self.proj(y)
+        return self.proj(self.attn_neuron(y))
 
 
 class SpikformerMLP(nnx.Module):
     """``LinearBNLIF(D -> hidden) -> LinearBNLIF(hidden -> D)``."""
 
     def __init__(self, dim, hidden, tau, detach_reset, *, rngs, dtype=None, param_dtype=None):
-        self.fc1 = LinearBNLIF(dim, hidden, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.fc2 = LinearBNLIF(hidden, dim, tau, detach_reset, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.fc1 = LinearBNLIF(dim, hidden, tau, detach_reset, axes=("embed", "mlp"), **kw)
+        self.fc2 = LinearBNLIF(hidden, dim, tau, detach_reset, axes=("mlp", "embed"), **kw)
 
     def __call__(self, x):
         return self.fc2(self.fc1(x))
@@ -114,15 +137,16 @@ class Spikformer(nnx.Module):
         self.T = T
         widths = [embed_dims // 8, embed_dims // 4, embed_dims // 2, embed_dims]
         stages, cin = [], in_channels
-        for w in widths:
-            stages.append(ConvBNLIF(cin, w, True, tau, detach_reset, **kw))
+        for i, w in enumerate(widths):
+            stages.append(ConvBNLIF(cin, w, True, tau, detach_reset, axes=alternate(i), **kw))
             cin = w
         self.stages = nnx.List(stages)
-        self.positional_encoding = ConvBNLIF(embed_dims, embed_dims, False, tau, detach_reset, **kw)
+        self.positional_encoding = ConvBNLIF(embed_dims, embed_dims, False, tau, detach_reset,
+                                             axes=("embed", "embed"), **kw)
         self.blocks = nnx.List([SpikformerBlock(embed_dims, num_heads, mlp_ratio, tau, detach_reset, **kw)
                                 for _ in range(depths)])
         self.head = layers.linear(embed_dims, num_classes, kernel_init=_init, rngs=rngs, dtype=dtype,
-                                  param_dtype=param_dtype)
+                                  param_dtype=param_dtype, axes=("embed", "classes"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if x.ndim == 4:

@@ -3,6 +3,13 @@
 Each block is ``[AvgPool2d(2)] -> Conv3x3 (bias) -> BatchNorm -> LIF``; after the
 last block ``AvgPool2d(2) -> flatten -> Dropout -> Linear``. Input
 ``[T, N, H, W, C]``, output logits ``[T, N, num_classes]``.
+
+Tensor parallelism: the convolutions alternate column-parallel (output channels
+``mlp``) and row-parallel (input channels ``mlp``); bias, BatchNorm parameters and
+statistics and the neurons follow their channels, so each pair of blocks costs one
+all-reduce (the row-parallel conv's partial sums). The row-parallel conv's output is
+named ``(time, batch, height, -, embed)``: with sequence parallelism its height is split
+over ``tensor`` too.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.neurons import ATan, LIFNode
 from snnjax.neurons.surrogate import Surrogate
+from snnjax.parallel.logical import alternate, constrain
 
 DEFAULT_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)
 DEFAULT_POOLS = (False, False, True, False, True, False, True, False)
@@ -26,17 +34,21 @@ class VGGBlock(nnx.Module):
     """``[AvgPool2d(2)] -> Conv2d(3x3, padding 1) -> BatchNorm -> LIF`` on ``[T, N, H, W, C]``."""
 
     def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: dict, *, rngs: nnx.Rngs,
-                 dtype=None, param_dtype=None):
+                 dtype=None, param_dtype=None, axes: tuple[str, str] = ("embed", "mlp")):
         self.pool = pool
         self.conv = layers.conv2d(in_channels, out_channels, 3, padding=1, kernel_init=_conv_init,
-                                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.bn = layers.BatchNorm(out_channels, dtype=dtype, param_dtype=param_dtype)
+                                  rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes)
+        self.bn = layers.BatchNorm(out_channels, dtype=dtype, param_dtype=param_dtype, axes=axes[1:])
         self.neuron = LIFNode(step_mode="m", **neuron)
+        self.row_parallel = axes[1] != "mlp"
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.pool:
             x = layers.avg_pool2d(x, 2)
-        return self.neuron(self.bn(self.conv(x)))
+        y = self.conv(x)
+        if self.row_parallel:  # whole channels after the partial sums; rows split under sequence parallelism
+            y = constrain(y, ("time", "batch", "height", None, "embed"))
+        return self.neuron(self.bn(y))
 
 
 class CIFAR10DVSVGG(nnx.Module):
@@ -52,8 +64,9 @@ class CIFAR10DVSVGG(nnx.Module):
         neuron = dict(tau=tau, decay_input=decay_input, detach_reset=detach_reset,
                       surrogate_function=surrogate_function, v_threshold=v_threshold, v_reset=v_reset)
         blocks, cin, size = [], in_channels, image_size
-        for w, p in zip(widths, pools):
-            blocks.append(VGGBlock(cin, w, p, neuron, rngs=rngs, dtype=dtype, param_dtype=param_dtype))
+        for i, (w, p) in enumerate(zip(widths, pools)):
+            blocks.append(VGGBlock(cin, w, p, neuron, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+                                   axes=alternate(i)))
             cin, size = w, size // 2 if p else size
         size //= 2  # the final AvgPool2d(2)
         if size < 1:
@@ -61,8 +74,9 @@ class CIFAR10DVSVGG(nnx.Module):
         self.features = nnx.List(blocks)
         self.feature_shape = (size, size, cin)
         self.dropout = layers.dropout(dropout, rngs=rngs)
+        # With an odd number of blocks the features are channel-split; the classifier then gathers them.
         self.classifier = layers.linear(cin * size * size, num_classes, rngs=rngs, dtype=dtype,
-                                        param_dtype=param_dtype)
+                                        param_dtype=param_dtype, axes=("embed", "classes"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [T, N, H, W, C_in]`` -> logits ``[T, N, num_classes]``."""

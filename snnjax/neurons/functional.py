@@ -16,8 +16,9 @@ gradients come back in the input dtype.
 
 ``multistep`` runs the sequence with ``lax.scan`` and a hand-written
 ``custom_vjp`` backward (the reverse recurrence of the design notes), storing
-only H as residual. ``multistep_reference`` is the same forward differentiated by
-plain autodiff, kept for tests.
+only H as residual; with ``impl="pallas"`` (or ``"auto"`` on GPU) it runs the
+fused kernels of ``snnjax.pallas`` instead. ``multistep_reference`` is the same
+forward differentiated by plain autodiff, kept for tests.
 """
 from __future__ import annotations
 
@@ -86,15 +87,19 @@ def decay_rate(cfg: NeuronConfig, w: jax.Array | None):
     return jax.nn.sigmoid(w)
 
 
-def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None) -> jax.Array:
-    """H from the previous state V and input X (SpikingJelly's exact operation order)."""
+def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None, *, k=None) -> jax.Array:
+    """H from the previous state V and input X (SpikingJelly's exact operation order).
+
+    PLIF's ``k = 1/tau`` is ``sigmoid(w)`` cast to V's dtype unless given as ``k`` (the
+    Pallas kernels pass that same value in, so both paths round identically).
+    """
     if cfg.kind == "IF":
         return v + x
     if cfg.kind == "LIF":
         scale = lambda d: d / cfg.tau  # noqa: E731
         keep = 1.0 - 1.0 / cfg.tau
     else:
-        k = jax.nn.sigmoid(w).astype(v.dtype)
+        k = jax.nn.sigmoid(w).astype(v.dtype) if k is None else k
         scale = lambda d: d * k  # noqa: E731
         keep = 1.0 - k
     reset0 = cfg.v_reset is None or cfg.v_reset == 0.0
@@ -153,13 +158,47 @@ def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None
     return spikes, (v_seq if return_v_seq else v_last)
 
 
-def multistep(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False):
+IMPLS = ("auto", "xla", "pallas")
+
+
+# ``auto`` picks the Pallas kernels on GPU only once a GPU session has compiled them for real and
+# checked them against the XLA path (they have only run in interpret mode so far); until then
+# ``auto`` is the XLA path everywhere and ``impl="pallas"`` opts in.
+AUTO_PALLAS_ON_GPU = False
+
+
+def resolve_impl(impl: str, cfg: NeuronConfig, x_seq) -> str:
+    """``"xla"`` or ``"pallas"`` for an ``impl`` choice (``auto``: see ``AUTO_PALLAS_ON_GPU``).
+
+    An explicit ``"pallas"`` that cannot run this call raises ValueError saying why.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "xla" or (impl == "auto" and not (AUTO_PALLAS_ON_GPU and jax.default_backend() == "gpu")):
+        return "xla"
+    from snnjax import pallas  # noqa: PLC0415 (pallas imports this module)
+
+    reason = pallas.unsupported_reason(cfg, jnp.shape(x_seq), jnp.result_type(x_seq))
+    if reason is None:
+        return "pallas"
+    if impl == "pallas":
+        raise ValueError(f"impl='pallas' cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
+    return "xla"
+
+
+def multistep(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False, impl="auto"):
     """Multi-step neuron with a hand-written reverse-recurrence backward.
 
     Same contract as ``multistep_reference``; gradients flow to ``x_seq``,
-    ``v_init`` and PLIF's ``w``.
+    ``v_init`` and PLIF's ``w``. ``impl``: ``"xla"`` (``lax.scan``, storing H),
+    ``"pallas"`` (the fused kernels of ``snnjax.pallas``, run with ``interpret=True`` on
+    a CPU backend) or ``"auto"`` (Pallas on GPU, XLA elsewhere); all give the same results.
     """
     check_decay_param(cfg, w)
+    if resolve_impl(impl, cfg, x_seq) == "pallas":
+        from snnjax import pallas  # noqa: PLC0415
+
+        return pallas.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     v0 = _broadcast_state(cfg, x_seq, v_init)
     return _multistep(cfg, return_v_seq, x_seq, v0, w)
 
@@ -186,7 +225,7 @@ def _forward(cfg, return_v_seq, x_seq, v0, w):
     return out, (h_seq, x_res, v0, w)
 
 
-def _dv_dh(cfg, h, s, g):
+def dv_dh(cfg: NeuronConfig, h, s, g):
     """dV_t/dH_t for the reset mode."""
     if cfg.v_reset is not None:
         return 1.0 - s if cfg.detach_reset else (cfg.v_reset - h) * g + 1.0 - s
@@ -206,7 +245,7 @@ def _bwd(cfg, return_v_seq, res, cts):
         dv = dv_carry if dv_direct is None else dv_carry + dv_direct
         g = cfg.surrogate.grad(h - cfg.v_threshold)
         s = (h >= cfg.v_threshold).astype(sdt)
-        return ds.astype(sdt) * g + dv * _dv_dh(cfg, h, s, g)
+        return ds.astype(sdt) * g + dv * dv_dh(cfg, h, s, g)
 
     if plif:
         v_prev = jnp.concatenate([v0[None], reset(cfg, h_seq[:-1], (h_seq[:-1] >= cfg.v_threshold).astype(sdt))])

@@ -8,6 +8,8 @@ potential lives in a ``MembranePotential`` variable across calls until
 ``reset()`` (or ``reset_net(model)``). ``step(x, v)`` is the explicit-state
 single step. With ``store_v_seq=True`` the multi-step state sequence is sown as an
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
+``impl`` (``"auto"``, ``"xla"``, ``"pallas"``) picks the multi-step implementation, as in
+``functional.multistep``; it can be changed on a built model (``node.impl = "pallas"``).
 """
 from __future__ import annotations
 
@@ -38,7 +40,10 @@ class BaseNode(nnx.Module):
         detach_reset: bool = False,
         step_mode: str = "s",
         store_v_seq: bool = False,
+        impl: str = "auto",
     ):
+        if impl not in F.IMPLS:
+            raise ValueError(f"impl must be one of {F.IMPLS}, got {impl!r}")
         if step_mode not in ("s", "m"):
             raise ValueError(f"step_mode must be 's' (single-step) or 'm' (multi-step), got {step_mode!r}")
         self.v_threshold = v_threshold
@@ -47,6 +52,7 @@ class BaseNode(nnx.Module):
         self.detach_reset = detach_reset
         self.step_mode = step_mode
         self.store_v_seq = store_v_seq
+        self.impl = impl
         self.v = MembranePotential(self._fresh_state())
 
     def _fresh_state(self) -> jax.Array:
@@ -88,7 +94,8 @@ class BaseNode(nnx.Module):
 
         Returns ``(spikes [T, ...], v)``, ``v`` being ``[T, ...]`` if ``return_v_seq`` else the final state.
         """
-        return F.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq)
+        return F.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq,
+                           impl=self.impl)
 
     def step(self, x: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One explicit-state step: ``(spikes, new state)``."""
@@ -112,10 +119,10 @@ class LIFNode(BaseNode):
 
     def __init__(self, tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
-                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False):
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
         self.tau = float(tau)
         self.decay_input = decay_input
-        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
         F.NeuronConfig(kind="LIF", tau=self.tau)  # validates tau
 
     def _config_kwargs(self):
@@ -129,12 +136,12 @@ class ParametricLIFNode(BaseNode):
 
     def __init__(self, init_tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
-                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False):
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
         if not init_tau > 1.0:
             raise ValueError(f"ParametricLIFNode needs init_tau > 1, got {init_tau}")
         self.decay_input = decay_input
         self.w = nnx.Param(jnp.asarray(-math.log(init_tau - 1.0), dtype=float))
-        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
 
     def _config_kwargs(self):
         return {"decay_input": self.decay_input}

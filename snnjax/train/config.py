@@ -11,12 +11,15 @@ import ml_collections
 
 from snnjax.data import ENCODERS, SOURCE_NAMES
 from snnjax.models.registry import MODELS, check_model_kwargs
+from snnjax.parallel.rules import MODES as _STRATEGY_MODES
 
 DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
-PARALLEL_MODES = ("none", "dp")
+# none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
+PARALLEL_MODES = (*_STRATEGY_MODES, "auto")
+OBJECTIVES = ("speed", "memory")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -57,7 +60,12 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.parallel = ml_collections.ConfigDict()
     c.parallel.mode = "dp"
-    c.parallel.mesh = "data=-1"  # axis=size pairs over data/fsdp/tensor/stage; one size may be -1
+    c.parallel.mesh = "data=-1"  # axis=size pairs over data/fsdp/tensor/stage; one size may be -1 (ignored by auto)
+    c.parallel.zero_stage = -1  # ZeRO stage over data: -1 the mode's own (zero1: 1, zero2: 2, else 0), or 0/1/2
+    c.parallel.sequence_parallel = False  # TP modes: also split row-parallel outputs over tensor (less memory)
+    c.parallel.objective = "speed"  # what mode=auto optimises: speed or memory
+    c.parallel.min_shard_size = 0  # parameters with fewer elements stay unsharded by FSDP / ZeRO
+    c.parallel.print_summary = False  # print per-device memory and collectives of the compiled step
     return c
 
 
@@ -84,6 +92,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("data.encoder", c.data.encoder, tuple(ENCODERS))
     _choice("model.name", c.model.name, tuple(MODELS))
     _choice("parallel.mode", c.parallel.mode, PARALLEL_MODES)
+    _choice("parallel.objective", c.parallel.objective, OBJECTIVES)
+    _choice("parallel.zero_stage", c.parallel.zero_stage, (-1, 0, 1, 2))
+    _positive("parallel.min_shard_size", c.parallel.min_shard_size, zero_ok=True)
     check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
     for key in ("global_batch_size", "grad_accum_steps", "data.time_steps", "log_every_steps",
                 "checkpoint_every_steps", "keep_checkpoints", "learning_rate"):

@@ -6,7 +6,6 @@ from a checkpoint continues the exact trajectory of an uninterrupted one.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import pathlib
@@ -19,14 +18,16 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from snnjax import parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel import rules as rules_lib
 from snnjax.train import config as config_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError
 from snnjax.train.metrics import MetricWriter
 from snnjax.train.optim import make_optimizer
-from snnjax.train.step import StepConfig, TrainState, eval_step, split_model, train_step
+from snnjax.train.step import StepConfig, TrainState, split_model
 
 EVENT_DATASETS = ("nmnist", "cifar10dvs", "synthetic_dvs")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
@@ -55,9 +56,19 @@ def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
 
 
 def make_mesh(c: ml_collections.ConfigDict):
+    """The config's mesh (one device for ``none``; None for ``auto``, whose plan picks it), checked against the mode."""
+    if c.parallel.mode == "auto":
+        return None
     if c.parallel.mode == "none":
         return mesh_lib.make_mesh("data=1", jax.devices()[:1])
-    return mesh_lib.make_mesh(c.parallel.mesh)
+    mesh = mesh_lib.make_mesh(c.parallel.mesh)
+    strategy = rules_lib.get_strategy(c.parallel.mode, _zero_stage(c), c.parallel.sequence_parallel)
+    rules_lib.check_mesh(strategy, dict(mesh.shape))
+    return mesh
+
+
+def _zero_stage(c: ml_collections.ConfigDict) -> int | None:
+    return None if c.parallel.zero_stage == -1 else c.parallel.zero_stage
 
 
 def _global_batch(mesh, batch: dict[str, np.ndarray], time_major: bool) -> dict[str, jax.Array]:
@@ -77,7 +88,8 @@ class Trainer:
         self.workdir = pathlib.Path(workdir)
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c)
-        mesh_lib.check_batch_divides(self.mesh, c.global_batch_size, c.grad_accum_steps)
+        if self.mesh is not None:
+            mesh_lib.check_batch_divides(self.mesh, c.global_batch_size, c.grad_accum_steps)
 
         train_src, test_src = make_sources(c)
         self.time_major = train_src.time_steps is not None
@@ -98,14 +110,19 @@ class Trainer:
         self.tx, self.schedule = make_optimizer(c, self.total_steps)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=self.tx.init(params))
-        self.state = jax.device_put(state, mesh_lib.replicated(self.mesh))
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
+        self.plan = parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
+                                  mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
+                                  sequence_parallel=c.parallel.sequence_parallel,
+                                  global_batch_size=c.global_batch_size // c.grad_accum_steps,
+                                  opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size)
+        self.mesh = self.plan.mesh
 
         step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype)
-        self._train_step = jax.jit(functools.partial(train_step, step_cfg, graphdef, self.tx), donate_argnums=0)
-        self._eval_step = jax.jit(functools.partial(eval_step, step_cfg, graphdef))
+        self.state, self._train_step = parallel.apply(self.plan, state, step_cfg, graphdef, self.tx)
+        self._eval_step = parallel.eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -162,9 +179,15 @@ class Trainer:
         t0 = time.perf_counter()
         compiled = self._train_step.lower(self.state, first).compile()
         compile_seconds = time.perf_counter() - t0
-        self._log(f"{c.model.name}: {self.num_params:,} parameters; mesh {dict(self.mesh.shape)}; "
+        mesh_desc = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items() if v > 1) or "1 device"
+        self._log(f"{c.model.name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
                   f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
                   f"compiled in {compile_seconds:.1f}s" + (f"; resuming at step {start}" if start else ""))
+        step_cost = parallel.step_report(compiled, self.state)
+        if c.parallel.print_summary:
+            self._log(str(self.plan))
+            self._log(parallel.format_report(step_cost, f"per-device cost of one train step ({self.plan.mode}, "
+                                             f"{mesh_desc})"))
 
         from tqdm import tqdm
 
@@ -215,8 +238,12 @@ class Trainer:
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
-            "compile_seconds": compile_seconds, "mode": c.parallel.mode, "mesh": dict(self.mesh.shape),
+            "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
+            "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage,
+                         "sequence_parallel": self.plan.strategy.sequence_parallel, "reasons": self.plan.reasons,
+                         "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},
+                         "collectives": step_cost["collectives"]},
         }
         if self.is_main:
             (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,105 @@
+"""``multistep`` through the fused Pallas kernels, with a ``custom_vjp`` around them.
+
+Same contract as ``snnjax.neurons.functional.multistep`` (which dispatches here for
+``impl="pallas"``, and for ``impl="auto"`` on GPU): ``x_seq [T, ...]`` with any trailing
+shape is flattened to ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PLIF's ``w``.
+
+What is stored between forward and backward, for every variant (IF / LIF / PLIF,
+hard / soft reset, detach or not, any surrogate): X itself (``[T, M]`` in the input
+dtype), ``V_init [M]`` and ``w``; the backward recomputes H (and for PLIF V_{t-1}) from
+them. Bytes moved per neuron-step, with b the input's itemsize (4 float32, 2 bfloat16)::
+
+    forward   read X, write S                        2b
+    backward  read X, read dS, write dX              3b      total 5b: 20 B fp32, 10 B bf16
+    return_v_seq adds a V write and a dV read in the state dtype (at least 4 B each)
+
+plus O(1/T) per-neuron terms (V_init read twice, V_T written, dV_T read, dV_init and
+PLIF's dk partial written). Storing H instead would cost 24 B fp32 / 16 B bf16 (write
+H in the forward, read it instead of X in the backward, H being in the float32 state
+dtype), and hold an fp32 residual where X may be bf16; no variant needs it: PLIF's
+``dH/dk = X - (V_{t-1} - v_r)`` (or ``-(V_{t-1} - v_r)``) comes from the same recomputation.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from snnjax.neurons import functional as F
+from snnjax.pallas.backward import backward
+from snnjax.pallas.forward import forward
+from snnjax.pallas.options import DEFAULT, MOSAIC_MAX_BOX, KernelOptions
+
+# Off the CPU (interpret mode) the kernels are compiled for the GPU, where float64 is
+# not offered (Mosaic GPU has none; Triton's is untested here): those use impl="xla".
+GPU_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def unsupported_reason(cfg: F.NeuronConfig, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
+    """Why the Pallas path cannot run this neuron on inputs of ``shape``/``dtype`` (None if it can)."""
+    del cfg  # every IF / LIF / PLIF variant and surrogate is handled
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return f"inputs must be floating point, got {dtype}"
+    if len(shape) < 1 or 0 in shape:
+        return f"inputs must be a non-empty [T, ...] sequence, got shape {tuple(shape)}"
+    if opts.use_interpret():
+        return None
+    if opts.gpu_lowering == "mosaic_gpu" and shape[0] > MOSAIC_MAX_BOX:
+        return f"the Mosaic GPU lowering takes T <= {MOSAIC_MAX_BOX} (TMA box limit), got T={shape[0]}"
+    if not any(dtype == jnp.dtype(d) for d in GPU_DTYPES):
+        return (f"{dtype} inputs run only in interpret mode (CPU); the compiled kernels take "
+                f"{', '.join(jnp.dtype(d).name for d in GPU_DTYPES)}")
+    return None
+
+
+def multistep(cfg: F.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
+              options: KernelOptions = DEFAULT):
+    """``(spikes [T, ...], v)`` as ``functional.multistep``, computed by the fused kernels.
+
+    Raises ValueError (see ``unsupported_reason``) where the kernels cannot run.
+    """
+    F.check_decay_param(cfg, w)
+    x_seq = jnp.asarray(x_seq)
+    reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype, options)
+    if reason is not None:
+        raise ValueError(f"the Pallas neuron kernels cannot run this call: {reason}; use impl='xla'")
+    v0 = F._broadcast_state(cfg, x_seq, v_init)
+    T, trailing = x_seq.shape[0], x_seq.shape[1:]
+    s, v = _fused(cfg, return_v_seq, options, x_seq.reshape(T, -1), v0.reshape(-1), w)
+    return s.reshape(x_seq.shape), v.reshape(x_seq.shape if return_v_seq else trailing)
+
+
+def _decay_row(cfg, opts, w, m, sdt, backward):
+    """PLIF's k = sigmoid(w) in the state dtype (rounded as ``functional.charge`` does), as one block-wide row."""
+    if cfg.kind != "PLIF":
+        return None
+    k = jax.nn.sigmoid(jnp.asarray(w).reshape(())).astype(sdt)
+    return jnp.full((opts.block(m, backward),), k)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _fused(cfg, return_v_seq, opts, x, v0, w):
+    out, _ = _fused_fwd(cfg, return_v_seq, opts, x, v0, w)
+    return out
+
+
+def _fused_fwd(cfg, return_v_seq, opts, x, v0, w):
+    out = forward(cfg, return_v_seq, opts, x, v0, _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False))
+    return out, (x, v0, w)
+
+
+def _fused_bwd(cfg, return_v_seq, opts, res, cts):
+    x, v0, w = res
+    ds, dv = cts
+    k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, True)
+    dx, dv0, dk = backward(cfg, return_v_seq, opts, x, v0, k_row, ds, dv.astype(v0.dtype))
+    dw = None
+    if cfg.kind == "PLIF":
+        k = F.decay_rate(cfg, w)  # in w's dtype, as the XLA path's backward
+        dw = (jnp.sum(dk) * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
+    return dx, dv0, dw
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)

@@ -1,0 +1,126 @@
+"""Logical axis names on parameters and activations.
+
+Every parameter carries a tuple of logical names, one per dimension, in its
+``nnx.Variable`` metadata under ``logical_axes`` (read it with
+``var.logical_axes`` or ``logical_axes(var)``; change it with
+``annotate(var, ...)``). A strategy's rule table (``snnjax.parallel.rules``)
+maps logical names to mesh axes. The names:
+
+=========  ===========================================================================
+batch      examples of the global batch (activations only)
+time       time steps (activations only)
+embed      a feature / channel dim tensor parallelism keeps whole: the input of a
+           column-parallel layer, the output of a row-parallel one
+mlp        a feature / channel dim tensor parallelism splits: the output of a
+           column-parallel layer (and its BatchNorm, neurons), the input of a row-parallel one
+heads      attention heads (split whole; a head's channels are never split)
+head_dim   channels within one head (never split)
+qkv        the query / key / value selector of a fused projection (never split)
+window     a convolution window dimension (never split)
+classes    classifier outputs
+length     tokens of a sequence (activations only)
+height     image rows (activations only; split by sequence parallelism)
+=========  ===========================================================================
+
+The names are plain metadata, not Flax's ``out_sharding`` (which would make
+every variable creation need a mesh); nothing is sharded until a plan is applied.
+
+Activations: models call ``constrain(x, names)`` at a few points; it is a no-op
+unless a plan's rules are active (``activation_rules``), so the same model code
+runs unsharded, in tests and in notebooks.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Mapping, Sequence
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+LOGICAL_AXES = ("batch", "time", "embed", "mlp", "heads", "head_dim", "qkv", "window", "classes", "length",
+                "height")
+METADATA_KEY = "logical_axes"
+
+Names = tuple  # tuple[str | None, ...]
+
+
+def annotate(var: nnx.Variable, *names: str | None) -> nnx.Variable:
+    """Set ``var``'s logical axis names (one per dimension; ``None``: no name). Returns ``var``."""
+    shape = getattr(var, "shape", None)
+    if shape is not None and len(names) != len(shape):
+        raise ValueError(f"{len(names)} logical names {names} for a variable of shape {tuple(shape)}; "
+                         "give exactly one name (or None) per dimension")
+    unknown = [n for n in names if n is not None and not isinstance(n, str)]
+    if unknown:
+        raise TypeError(f"logical axis names must be strings or None, got {unknown}")
+    var.set_metadata(METADATA_KEY, tuple(names))
+    return var
+
+
+def logical_axes(var) -> Names | None:
+    """The logical names of a variable (``None`` if it has none)."""
+    if isinstance(var, nnx.Variable):
+        return var.get_metadata().get(METADATA_KEY)
+    return None
+
+
+def annotate_layer(layer: nnx.Module, kernel: Sequence[str | None], bias: Sequence[str | None] | None = None):
+    """Name the ``kernel`` (and ``bias``, by default the kernel's last names) of a Linear / Conv layer."""
+    annotate(layer.kernel, *kernel)
+    if getattr(layer, "bias", None) is not None:
+        out_dims = len(layer.bias.shape)
+        annotate(layer.bias, *(tuple(bias) if bias is not None else tuple(kernel)[-out_dims:]))
+    return layer
+
+
+def alternate(i: int) -> tuple[str, str]:
+    """``(in, out)`` names of the ``i``-th layer of a chain: even layers column-, odd layers row-parallel."""
+    return ("embed", "mlp") if i % 2 == 0 else ("mlp", "embed")
+
+
+# -- activation constraints ---------------------------------------------------------------------
+
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("snnjax_activation_rules", default=None)
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: Mesh, rules: Mapping[str, str | tuple[str, ...] | None]):
+    """Within this context ``constrain`` maps logical names with ``rules`` onto ``mesh`` (used while tracing)."""
+    token = _ACTIVE.set((mesh, dict(rules)))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def is_partitioned() -> bool:
+    """Whether a plan over more than one device is active (while its step is traced)."""
+    active = _ACTIVE.get()
+    return active is not None and active[0].size > 1
+
+
+def batch_is_split() -> bool:
+    """Whether the active rules (if any) split the ``batch`` axis over more than one device."""
+    active = _ACTIVE.get()
+    if active is None:
+        return False
+    mesh, rules = active
+    axes = rules.get("batch") or ()
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    return any(mesh.shape[a] > 1 for a in axes)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """``with_sharding_constraint`` of ``x`` to the active rules' layout for ``names`` (no-op without rules)."""
+    active = _ACTIVE.get()
+    if active is None:
+        return x
+    mesh, rules = active
+    if len(names) != x.ndim:
+        raise ValueError(f"constrain: {len(names)} names {tuple(names)} for an array of shape {x.shape}")
+    from snnjax.parallel.rules import logical_spec
+
+    spec, _ = logical_spec(names, x.shape, rules, dict(mesh.shape))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -1,0 +1,275 @@
+"""The fused Pallas neuron kernels (``snnjax.pallas``, interpret mode on the CPU) against the XLA path.
+
+- The reference checker with ``--impl pallas`` passes every SpikingJelly case of
+  ``../shared/reference/neurons.npz``. It runs as a subprocess started when this module
+  begins and is read by its last test, so its compiles overlap the other tests (the CI
+  machine has 2 cores).
+- Hypothesis, in float64 or float32: random neuron configurations (IF / LIF / PLIF, tau,
+  decay_input, threshold, hard or soft reset, detach_reset, every surrogate with a random
+  alpha), random T, trailing shapes and block sizes (so M is mostly not a multiple of the
+  block and the grid has several blocks), either GPU lowering's handling of the partial
+  last block (masked rows or plain), random or default ``v_init``, both output forms.
+  Spikes must equal the XLA path's exactly; V and the gradients w.r.t. ``x_seq``,
+  ``v_init`` and PLIF's ``w`` agree to 1e-10 normwise relative error in float64 (1e-5 in
+  float32).
+- With x64 off, float32 and bfloat16 inputs (float32 state) over configurations that
+  together use every kind, reset mode and surrogate: spikes and V equal the XLA path's
+  exactly, gradients agree to float32 rounding, output dtypes are the XLA path's.
+- Without a GPU the kernels are lowered for CUDA (``lowering_platforms=("cuda",)``) with
+  both GPU lowerings, which runs Pallas' Triton and Mosaic GPU lowering rules on every
+  kernel operation (compiling to PTX needs a GPU).
+- ``impl`` dispatch: ``auto`` is XLA on the CPU, and Pallas on a GPU where supported once enabled;
+  explicit ``pallas`` raises a ValueError that says why where it cannot run; the
+  modules store ``impl`` and pass it through.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from snnjax import pallas as P
+from snnjax.neurons import functional as F
+from snnjax.neurons import modules as M
+from snnjax.neurons import surrogate as sg
+
+pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 property test turns x64 on for itself
+RTOL = {"float64": 1e-10, "float32": 1e-5}
+
+
+REFERENCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "reference" / "neurons.npz"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pallas_cli():
+    """``python -m snnjax.interop.spikingjelly check neurons.npz --impl pallas``, started now, read at the end."""
+    if not REFERENCE.exists():
+        yield None  # the last test fails loudly through the reference_dir fixture
+        return
+    proc = subprocess.Popen([sys.executable, "-m", "snnjax.interop.spikingjelly", "check", str(REFERENCE),
+                             "--impl", "pallas"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _run(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, opts: P.KernelOptions, x, v_init, w, ct_s, ct_v):
+    """Outputs and the VJP w.r.t. (x, v_init, w) of one implementation."""
+    if impl == "pallas":
+        fn = functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts)
+    else:
+        fn = functools.partial(F.multistep, cfg, return_v_seq=return_v_seq, impl="xla")
+    out, vjp = jax.vjp(fn, x, v_init, w)
+    return out, vjp((ct_s, ct_v))
+
+
+_SURROGATES = st.one_of(
+    st.builds(sg.Sigmoid, alpha=st.floats(0.5, 8.0)),
+    st.builds(sg.ATan, alpha=st.floats(0.5, 8.0)),
+    st.builds(sg.PiecewiseQuadratic, alpha=st.floats(0.25, 4.0)),
+    st.builds(sg.SoftSign, alpha=st.floats(0.5, 8.0)),
+)
+
+
+@st.composite
+def _problems(draw):
+    cfg = F.NeuronConfig(
+        kind=draw(st.sampled_from(["IF", "LIF", "PLIF"])),
+        tau=draw(st.floats(1.05, 5.0)),
+        decay_input=draw(st.booleans()),
+        v_threshold=draw(st.floats(0.1, 2.0)),
+        v_reset=draw(st.one_of(st.none(), st.just(0.0), st.floats(-1.0, 0.5))),
+        detach_reset=draw(st.booleans()),
+        surrogate=draw(_SURROGATES),
+    )
+    T = draw(st.integers(1, 8))
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=0, max_size=3)))
+    # Interpret mode runs either lowering's code: masked rows past M (triton) or plain ones (mosaic_gpu).
+    opts = P.KernelOptions(block_m=draw(st.sampled_from([4, 8, 16])),
+                           block_m_backward=draw(st.sampled_from([4, 8, 16])), min_block=1,
+                           gpu_lowering=draw(st.sampled_from(["triton", "mosaic_gpu"])))
+    v_init_ndim = draw(st.one_of(st.none(), st.integers(0, len(shape))))  # None: fresh state; else a suffix
+    return (cfg, T, shape, opts, draw(st.sampled_from(["float64", "float32"])), draw(st.booleans()), v_init_ndim,
+            draw(st.integers(0, 2**32 - 1)))
+
+
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    denom = max(np.linalg.norm(want), np.linalg.norm(got))
+    return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
+
+
+@settings(max_examples=20, deadline=None, database=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(_problems())
+def test_pallas_equals_xla(x64, problem):  # x64 stays on for all examples
+    cfg, T, shape, opts, dtype, return_v_seq, v_init_ndim, seed = problem
+    rng = np.random.default_rng(seed)
+    # Inputs around the threshold so that every example fires and resets a good deal.
+    x = rng.normal(0.6 * cfg.v_threshold, 0.8, (T, *shape)).astype(dtype)
+    v_init = None
+    if v_init_ndim is not None:
+        v_init = (cfg.vr + rng.normal(0.0, 0.5, shape[len(shape) - v_init_ndim:])).astype(dtype)
+    w = np.asarray(rng.uniform(-2.0, 2.0), dtype) if cfg.kind == "PLIF" else None
+    ct_s = rng.normal(size=(T, *shape)).astype(dtype)
+    ct_v = rng.normal(size=(T, *shape) if return_v_seq else shape).astype(dtype)
+
+    args = (cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
+    (s_p, v_p), grads_p = _run("pallas", *args)
+    (s_x, v_x), grads_x = _run("xla", *args)
+
+    assert s_p.dtype == s_x.dtype == dtype and v_p.dtype == v_x.dtype == dtype
+    assert v_p.shape == ((T, *shape) if return_v_seq else shape)
+    np.testing.assert_array_equal(np.asarray(s_p), np.asarray(s_x), err_msg="spikes differ")
+    assert _rel(v_p, v_x) <= RTOL[dtype], "v differs"
+    for name, gp, gx in zip(("x_seq", "v_init", "w"), grads_p, grads_x):
+        if gx is None:
+            assert gp is None, name
+            continue
+        assert gp.dtype == gx.dtype and gp.shape == gx.shape, name
+        err = _rel(gp, gx)
+        assert err <= RTOL[dtype], f"grad w.r.t. {name}: normwise relative error {err:.3e} > {RTOL[dtype]:g}"
+
+
+# ---- float32 / bfloat16, GPU lowering, dispatch (x64 off) ------------------------------
+
+CONFIGS = {
+    "IF-soft-pq": F.NeuronConfig(kind="IF", v_reset=None, surrogate=sg.PiecewiseQuadratic()),
+    "LIF-hard-detach-atan": F.NeuronConfig(kind="LIF", tau=1.5, v_reset=-0.25, detach_reset=True,
+                                           surrogate=sg.ATan()),
+    "LIF-soft-nodi-softsign": F.NeuronConfig(kind="LIF", decay_input=False, v_reset=None, v_threshold=0.8,
+                                             surrogate=sg.SoftSign()),
+    "PLIF-hard-sigmoid": F.NeuronConfig(kind="PLIF", v_threshold=1.2),
+}
+SHAPE = (5, 3, 47)  # M = 141: two blocks of 128, the second partial (masked rows)
+OPTS = P.KernelOptions(block_m=128, block_m_backward=128, min_block=1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_pallas_matches_xla(name, dtype):
+    cfg = CONFIGS[name]
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(0.6, 0.8, SHAPE), dtype)
+    v_init = jnp.asarray(rng.normal(0.0, 0.5, SHAPE[1:]), jnp.float32)
+    w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
+    ct_s = jnp.asarray(rng.normal(size=SHAPE), dtype)
+    ct_v = jnp.asarray(rng.normal(size=SHAPE), jnp.float32)
+    (s_p, v_p), g_p = _run("pallas", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
+    (s_x, v_x), g_x = _run("xla", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
+    assert s_p.dtype == dtype and v_p.dtype == jnp.float32
+    assert 0 < float(jnp.mean(s_p.astype(jnp.float32))) < 1, "the example should fire some but not all"
+    np.testing.assert_array_equal(np.asarray(s_p, np.float32), np.asarray(s_x, np.float32))
+    np.testing.assert_array_equal(np.asarray(v_p), np.asarray(v_x))
+    for what, gp, gx in zip(("dx", "dv_init", "dw"), g_p, g_x):
+        assert (gp is None) == (gx is None), what
+        if gx is not None:
+            assert gp.dtype == gx.dtype and gp.shape == gx.shape, what
+            assert _rel(gp, gx) < (1e-2 if gp.dtype == jnp.bfloat16 else 1e-5), what
+
+
+@pytest.mark.parametrize("lowering", ["triton", "mosaic_gpu"])
+def test_kernels_lower_for_gpu(lowering):
+    opts = P.KernelOptions(interpret=False, gpu_lowering=lowering)
+    target = {"triton": "__gpu$xla.gpu.triton", "mosaic_gpu": "mosaic_gpu"}[lowering]
+    for cfg, dtype, return_v_seq in [(CONFIGS["PLIF-hard-sigmoid"], jnp.bfloat16, True),
+                                     (CONFIGS["LIF-soft-nodi-softsign"], jnp.float32, False),
+                                     (CONFIGS["IF-soft-pq"], jnp.float16, False)]:
+        def grads(x, v, w):
+            out, vjp = jax.vjp(functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts), x, v, w)
+            return vjp(jax.tree.map(jnp.ones_like, out))
+
+        x = jax.ShapeDtypeStruct((6, 2, 1000), dtype)
+        w = jax.ShapeDtypeStruct((), jnp.float32) if cfg.kind == "PLIF" else None
+        hlo = jax.jit(grads).trace(x, jax.ShapeDtypeStruct((2, 1000), jnp.float32), w).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert hlo.count(f"custom_call @{target}") == 2, (cfg, dtype)  # forward and backward kernels
+
+
+def test_auto_is_xla_on_cpu_and_pallas_on_gpu_once_verified(monkeypatch):
+    cfg = F.NeuronConfig()
+    x32, x16 = jnp.ones((3, 4)), jnp.ones((3, 4), jnp.bfloat16)
+    assert jax.default_backend() == "cpu"
+    assert F.resolve_impl("auto", cfg, x32) == "xla" and F.resolve_impl("pallas", cfg, x32) == "pallas"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert F.resolve_impl("auto", cfg, x32) == "xla"  # not yet verified on a real GPU
+    monkeypatch.setattr(F, "AUTO_PALLAS_ON_GPU", True)
+    assert F.resolve_impl("auto", cfg, x32) == F.resolve_impl("auto", cfg, x16) == "pallas"
+    assert F.resolve_impl("xla", cfg, x32) == "xla"
+
+
+def test_float64_is_interpret_only(monkeypatch, x64):
+    cfg = F.NeuronConfig()
+    x = jnp.ones((3, 4), jnp.float64)
+    assert F.resolve_impl("pallas", cfg, x) == "pallas"  # CPU: interpret mode takes float64
+    assert P.unsupported_reason(cfg, x.shape, x.dtype, P.KernelOptions(interpret=False)) is not None
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert F.resolve_impl("auto", cfg, x) == "xla"
+    with pytest.raises(ValueError, match=r"impl='pallas' cannot run.*float64.*interpret mode"):
+        F.resolve_impl("pallas", cfg, x)
+
+
+def test_explicit_pallas_errors_say_why():
+    cfg = F.NeuronConfig()
+    with pytest.raises(ValueError, match=r"impl must be one of .*'auto', 'xla', 'pallas'.*'triton'"):
+        F.multistep(cfg, jnp.ones((3, 4)), impl="triton")
+    with pytest.raises(ValueError, match=r"impl='pallas' cannot run.*floating point.*int32"):
+        F.multistep(cfg, jnp.ones((3, 4), jnp.int32), impl="pallas")
+    with pytest.raises(ValueError, match=r"impl='pallas' cannot run.*non-empty"):
+        F.multistep(cfg, jnp.ones((0, 4)), impl="pallas")
+    with pytest.raises(ValueError, match=r"cannot run this call.*non-empty"):
+        P.multistep(cfg, jnp.ones((3, 0)))
+    with pytest.raises(ValueError, match=r"PLIF.*\bw\b"):
+        F.multistep(F.NeuronConfig(kind="PLIF"), jnp.ones((2, 3)), impl="pallas")
+    with pytest.raises(ValueError, match=r"impl must be one of"):
+        M.LIFNode(impl="fused")
+    with pytest.raises(ValueError, match=r"power of two"):
+        P.KernelOptions(block_m=100)
+    with pytest.raises(ValueError, match=r"gpu_lowering"):
+        P.KernelOptions(gpu_lowering="cuda")
+
+
+def test_modules_pass_impl_through(monkeypatch):
+    calls = []
+    real = P.multistep
+    monkeypatch.setattr(P, "multistep", lambda *a, **k: calls.append(k) or real(*a, **k))
+    x = jnp.asarray(np.random.default_rng(1).normal(0.8, 0.8, (4, 2, 9)), jnp.float32)
+
+    def loss(node, x):
+        return jnp.sum(node(x) * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) / x.size)
+
+    results = {}
+    for impl in ("xla", "pallas"):
+        node = M.ParametricLIFNode(init_tau=3.0, v_reset=None, step_mode="m", impl=impl)
+        assert node.impl == impl
+        results[impl] = nnx.value_and_grad(loss, argnums=(0, 1))(node, x)
+    assert len(calls) == 1, "impl='pallas' should run the Pallas path once, impl='xla' never"
+    (l_x, (g_node_x, gx_x)), (l_p, (g_node_p, gx_p)) = results["xla"], results["pallas"]
+    assert float(l_x) == float(l_p)
+    np.testing.assert_allclose(np.asarray(gx_p), np.asarray(gx_x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(g_node_p["w"].get_value()), float(g_node_x["w"].get_value()), rtol=1e-5)
+
+
+# ---- last: the checker started by the module fixture ---------------------------------
+
+def test_cli_check_with_pallas_passes_every_reference_case(reference_dir, pallas_cli):
+    assert reference_dir / "neurons.npz" == REFERENCE
+    out, err = pallas_cli.communicate(timeout=900)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines, err[-3000:]
+    assert lines[-1] == {"cases": 69, "failed": 0}, lines[-1]
+    assert pallas_cli.returncode == 0
+    assert all(line["ok"] and line["spike_mismatches"] == 0 for line in lines[:-1])
