@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from snnjax.neurons import functional as F
-from snnjax.neurons import surrogate as sg
+from strategies import SURROGATES as _SURROGATES
 
 RTOL = 1e-10
 IMPLS = {"custom_vjp": F.multistep, "autodiff": F.multistep_reference}
@@ -36,12 +36,6 @@ def _run(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, x, v_init, w, ct_sp
     return out, vjp((ct_spikes, ct_v))
 
 
-_SURROGATES = st.one_of(
-    st.builds(sg.Sigmoid, alpha=st.floats(0.5, 8.0)),
-    st.builds(sg.ATan, alpha=st.floats(0.5, 8.0)),
-    st.builds(sg.PiecewiseQuadratic, alpha=st.floats(0.25, 4.0)),
-    st.builds(sg.SoftSign, alpha=st.floats(0.5, 8.0)),
-)
 
 
 @st.composite

@@ -42,6 +42,7 @@ from snnjax import pallas as P
 from snnjax.neurons import functional as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
+from strategies import SURROGATES as _SURROGATES
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 property test turns x64 on for itself
 RTOL = {"float64": 1e-10, "float32": 1e-5}
@@ -75,12 +76,6 @@ def _run(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, opts: P.KernelOptio
     return out, vjp((ct_s, ct_v))
 
 
-_SURROGATES = st.one_of(
-    st.builds(sg.Sigmoid, alpha=st.floats(0.5, 8.0)),
-    st.builds(sg.ATan, alpha=st.floats(0.5, 8.0)),
-    st.builds(sg.PiecewiseQuadratic, alpha=st.floats(0.25, 4.0)),
-    st.builds(sg.SoftSign, alpha=st.floats(0.5, 8.0)),
-)
 
 
 @st.composite

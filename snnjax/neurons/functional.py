@@ -232,6 +232,15 @@ def dv_dh(cfg: NeuronConfig, h, s, g):
     return jnp.ones_like(h) if cfg.detach_reset else 1.0 - cfg.v_threshold * g
 
 
+def dx_from_dh(cfg: NeuronConfig, dh: jax.Array, k) -> jax.Array:
+    """dX_t from dH_t: ``dH/dX`` is ``1/tau`` for LIF and ``k`` for PLIF with ``decay_input``, else 1."""
+    if cfg.kind == "LIF" and cfg.decay_input:
+        return dh / cfg.tau
+    if cfg.kind == "PLIF" and cfg.decay_input:
+        return dh * k
+    return dh
+
+
 def _bwd(cfg, return_v_seq, res, cts):
     h_seq, x_res, v0, w = res
     k = decay_rate(cfg, w)
@@ -258,13 +267,7 @@ def _bwd(cfg, return_v_seq, res, cts):
         if plif:
             dh_dk = -(vp - cfg.vr) if x is None else x.astype(sdt) - (vp - cfg.vr)
             dk = dk + jnp.sum(dh * dh_dk)
-        if cfg.kind == "LIF" and cfg.decay_input:
-            dx = dh / cfg.tau
-        elif plif and cfg.decay_input:
-            dx = dh * k
-        else:
-            dx = dh
-        return (dh * carry_factor, dk), dx.astype(x_dtype)
+        return (dh * carry_factor, dk), dx_from_dh(cfg, dh, k).astype(x_dtype)
 
     dv_start = jnp.zeros_like(v0) if return_v_seq else dv_out.astype(sdt)
     (dv0, dk), dx_seq = jax.lax.scan(body, (dv_start, jnp.zeros((), sdt)), xs, reverse=True)

@@ -59,13 +59,7 @@ def _kernel(cfg: F.NeuronConfig, T: int, return_v_seq: bool, m: int, masked: boo
         dh = io.load(ds_ref, t).astype(sdt) * g + dv * F.dv_dh(cfg, h, s, g)
         if plif:
             dk = dk + dh * dh_dk[t]
-        if cfg.kind == "LIF" and cfg.decay_input:
-            dx = dh / cfg.tau
-        elif plif and cfg.decay_input:
-            dx = dh * k
-        else:
-            dx = dh
-        io.store(dx_ref, dx.astype(dx_ref.dtype), t)
+        io.store(dx_ref, F.dx_from_dh(cfg, dh, k).astype(dx_ref.dtype), t)
         dv = dh * carry_factor
     io.store(dv0_ref, dv)
     if plif:
