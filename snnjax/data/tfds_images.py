@@ -38,7 +38,7 @@ def open_tfds_data_source(name: str, split: str, data_dir: str | os.PathLike | N
     data_dir = None if data_dir is None else os.fspath(data_dir)
     try:
         return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-    except Exception as err:  # tfds raises NotImplementedError/ValueError/... when data is absent
+    except Exception as err:  # tfds raises several unrelated exception types when the data is absent
         builder = tfds.builder(name, data_dir=data_dir)
         if not builder.is_prepared():
             raise FileNotFoundError(
