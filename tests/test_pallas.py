@@ -7,18 +7,19 @@
 - Hypothesis, in float64 or float32: random neuron configurations (IF / LIF / PLIF, tau,
   decay_input, threshold, hard or soft reset, detach_reset, every surrogate with a random
   alpha), random T, trailing shapes and block sizes (so M is mostly not a multiple of the
-  block and the grid has several blocks), either GPU lowering's handling of the partial
-  last block (masked rows or plain), random or default ``v_init``, both output forms.
+  block and the grid has several blocks, the last one's rows masked), random time chunks
+  (several, a partial last one, or one for all T), random or default ``v_init``, both
+  output forms.
   Spikes must equal the XLA path's exactly; V and the gradients w.r.t. ``x_seq``,
   ``v_init`` and PLIF's ``w`` agree to 1e-10 normwise relative error in float64 (1e-5 in
   float32).
 - With x64 off, float32 and bfloat16 inputs (float32 state) over configurations that
   together use every kind, reset mode and surrogate: spikes and V equal the XLA path's
   exactly, gradients agree to float32 rounding, output dtypes are the XLA path's.
-- Without a GPU the kernels are lowered for CUDA (``lowering_platforms=("cuda",)``) with
-  both GPU lowerings, which runs Pallas' Triton and Mosaic GPU lowering rules on every
-  kernel operation (compiling to PTX needs a GPU).
-- ``impl`` dispatch: ``auto`` is XLA on the CPU, and Pallas on a GPU where supported once enabled;
+- Without a GPU the kernels are lowered for CUDA (``lowering_platforms=("cuda",)``), which
+  runs Pallas' Triton lowering rules on every kernel operation (compiling to PTX needs a
+  GPU; ``python -m snnjax.pallas.check`` does that on one).
+- ``impl`` dispatch: ``auto`` is XLA on the CPU and under a multi-device layout, Pallas on one GPU;
   explicit ``pallas`` raises a ValueError that says why where it cannot run; the
   modules store ``impl`` and pass it through.
 """
@@ -42,6 +43,7 @@ from snnjax import pallas as P
 from snnjax.neurons import functional as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
+from snnjax.parallel import logical
 from strategies import SURROGATES as _SURROGATES
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 property test turns x64 on for itself
@@ -91,10 +93,11 @@ def _problems(draw):
     )
     T = draw(st.integers(1, 8))
     shape = tuple(draw(st.lists(st.integers(1, 7), min_size=0, max_size=3)))
-    # Interpret mode runs either lowering's code: masked rows past M (triton) or plain ones (mosaic_gpu).
+    # Small blocks: M is mostly not a multiple of the block, so the last block's rows are masked.
+    # Chunks of 1 to T+1 steps: several full chunks, a partial last one, or one chunk for all.
     opts = P.KernelOptions(block_m=draw(st.sampled_from([4, 8, 16])),
                            block_m_backward=draw(st.sampled_from([4, 8, 16])), min_block=1,
-                           gpu_lowering=draw(st.sampled_from(["triton", "mosaic_gpu"])))
+                           time_chunk=draw(st.integers(1, T + 1)))
     v_init_ndim = draw(st.one_of(st.none(), st.integers(0, len(shape))))  # None: fresh state; else a suffix
     return (cfg, T, shape, opts, draw(st.sampled_from(["float64", "float32"])), draw(st.booleans()), v_init_ndim,
             draw(st.integers(0, 2**32 - 1)))
@@ -150,7 +153,7 @@ CONFIGS = {
     "PLIF-hard-sigmoid": F.NeuronConfig(kind="PLIF", v_threshold=1.2),
 }
 SHAPE = (5, 3, 47)  # M = 141: two blocks of 128, the second partial (masked rows)
-OPTS = P.KernelOptions(block_m=128, block_m_backward=128, min_block=1)
+OPTS = P.KernelOptions(block_m=128, block_m_backward=128, min_block=1, time_chunk=2)  # 2 chunks + a partial one
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
@@ -176,10 +179,8 @@ def test_pallas_matches_xla(name, dtype):
             assert _rel(gp, gx) < (1e-2 if gp.dtype == jnp.bfloat16 else 1e-5), what
 
 
-@pytest.mark.parametrize("lowering", ["triton", "mosaic_gpu"])
-def test_kernels_lower_for_gpu(lowering):
-    opts = P.KernelOptions(interpret=False, gpu_lowering=lowering)
-    target = {"triton": "__gpu$xla.gpu.triton", "mosaic_gpu": "mosaic_gpu"}[lowering]
+def test_kernels_lower_for_gpu():
+    opts = P.KernelOptions(interpret=False)
     for cfg, dtype, return_v_seq in [(CONFIGS["PLIF-hard-sigmoid"], jnp.bfloat16, True),
                                      (CONFIGS["LIF-soft-nodi-softsign"], jnp.float32, False),
                                      (CONFIGS["IF-soft-pq"], jnp.float16, False)]:
@@ -191,19 +192,21 @@ def test_kernels_lower_for_gpu(lowering):
         w = jax.ShapeDtypeStruct((), jnp.float32) if cfg.kind == "PLIF" else None
         hlo = jax.jit(grads).trace(x, jax.ShapeDtypeStruct((2, 1000), jnp.float32), w).lower(
             lowering_platforms=("cuda",)).as_text()
-        assert hlo.count(f"custom_call @{target}") == 2, (cfg, dtype)  # forward and backward kernels
+        assert hlo.count("custom_call @__gpu$xla.gpu.triton") == 2, (cfg, dtype)  # forward and backward kernels
 
 
-def test_auto_is_xla_on_cpu_and_pallas_on_gpu_once_verified(monkeypatch):
+def test_auto_is_xla_on_cpu_and_under_a_layout_and_pallas_on_one_gpu(monkeypatch):
     cfg = F.NeuronConfig()
     x32, x16 = jnp.ones((3, 4)), jnp.ones((3, 4), jnp.bfloat16)
     assert jax.default_backend() == "cpu"
     assert F.resolve_impl("auto", cfg, x32) == "xla" and F.resolve_impl("pallas", cfg, x32) == "pallas"
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert F.resolve_impl("auto", cfg, x32) == "xla"  # not yet verified on a real GPU
-    monkeypatch.setattr(F, "AUTO_PALLAS_ON_GPU", True)
     assert F.resolve_impl("auto", cfg, x32) == F.resolve_impl("auto", cfg, x16) == "pallas"
     assert F.resolve_impl("xla", cfg, x32) == "xla"
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with logical.activation_rules(mesh, {"batch": "data"}):  # a plan over 8 devices is being traced
+        assert F.resolve_impl("auto", cfg, x32) == "xla"
+        assert F.resolve_impl("pallas", cfg, x32) == "pallas"  # an explicit choice is kept
 
 
 def test_float64_is_interpret_only(monkeypatch, x64):
@@ -233,8 +236,8 @@ def test_explicit_pallas_errors_say_why():
         M.LIFNode(impl="fused")
     with pytest.raises(ValueError, match=r"power of two"):
         P.KernelOptions(block_m=100)
-    with pytest.raises(ValueError, match=r"gpu_lowering"):
-        P.KernelOptions(gpu_lowering="cuda")
+    with pytest.raises(ValueError, match=r"num_warps must be a power of two"):
+        P.KernelOptions(num_warps=6)
 
 
 def test_modules_pass_impl_through(monkeypatch):

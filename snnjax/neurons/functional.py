@@ -161,14 +161,16 @@ def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None
 IMPLS = ("auto", "xla", "pallas")
 
 
-# ``auto`` picks the Pallas kernels on GPU only once a GPU session has compiled them for real and
-# checked them against the XLA path (they have only run in interpret mode so far); until then
-# ``auto`` is the XLA path everywhere and ``impl="pallas"`` opts in.
-AUTO_PALLAS_ON_GPU = False
+# ``auto`` picks the Pallas kernels on a GPU: compiled there (jax 0.11.2, H100) they matched this path bit for
+# bit over every variant (``python -m snnjax.pallas.check``) and ran LIF forward + backward 2-2.6x faster
+# (``python -m snnjax.bench.neuron``; records in benchmarks/results/). Under a multi-device layout (a
+# ``snnjax.parallel`` plan active while the step is traced) ``auto`` keeps this path, which the SPMD
+# partitioner shards like any elementwise op; an opaque kernel call would have its operands gathered.
+AUTO_PALLAS_ON_GPU = True
 
 
 def resolve_impl(impl: str, cfg: NeuronConfig, x_seq) -> str:
-    """``"xla"`` or ``"pallas"`` for an ``impl`` choice (``auto``: see ``AUTO_PALLAS_ON_GPU``).
+    """``"xla"`` or ``"pallas"`` for an ``impl`` choice (``auto``: Pallas on one GPU, see ``AUTO_PALLAS_ON_GPU``).
 
     An explicit ``"pallas"`` that cannot run this call raises ValueError saying why.
     """
@@ -177,7 +179,10 @@ def resolve_impl(impl: str, cfg: NeuronConfig, x_seq) -> str:
     if impl == "xla" or (impl == "auto" and not (AUTO_PALLAS_ON_GPU and jax.default_backend() == "gpu")):
         return "xla"
     from snnjax import pallas  # noqa: PLC0415 (pallas imports this module)
+    from snnjax.parallel import logical  # noqa: PLC0415 (parallel imports the models, hence this module)
 
+    if impl == "auto" and logical.is_partitioned():
+        return "xla"
     reason = pallas.unsupported_reason(cfg, jnp.shape(x_seq), jnp.result_type(x_seq))
     if reason is None:
         return "pallas"
@@ -192,7 +197,7 @@ def multistep(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, retur
     Same contract as ``multistep_reference``; gradients flow to ``x_seq``,
     ``v_init`` and PLIF's ``w``. ``impl``: ``"xla"`` (``lax.scan``, storing H),
     ``"pallas"`` (the fused kernels of ``snnjax.pallas``, run with ``interpret=True`` on
-    a CPU backend) or ``"auto"`` (Pallas on GPU, XLA elsewhere); all give the same results.
+    a CPU backend) or ``"auto"`` (Pallas on one GPU, XLA elsewhere); all give the same results.
     """
     check_decay_param(cfg, w)
     if resolve_impl(impl, cfg, x_seq) == "pallas":

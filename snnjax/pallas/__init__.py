@@ -1,10 +1,11 @@
 """Fused multi-timestep IF / LIF / PLIF kernels in Pallas (forward and backward).
 
 ``multistep`` is the entry point (``functional.multistep(..., impl="pallas")`` calls it);
-``KernelOptions`` holds the GPU-facing choices (block sizes, Triton or Mosaic GPU,
+``KernelOptions`` holds the GPU-facing choices (block sizes, Triton launch parameters,
 interpret mode). The pure-JAX reference is the XLA path, ``functional.multistep``.
 Layout: ``api`` (custom_vjp, flattening, what is stored), ``forward`` and ``backward``
-(one kernel each), ``options``.
+(one kernel each), ``lanes`` (masked rows), ``options``; ``check`` runs the compiled kernels
+against the XLA path on a GPU.
 """
 from snnjax.pallas.api import multistep, unsupported_reason
 from snnjax.pallas.options import DEFAULT, KernelOptions

@@ -6,18 +6,23 @@ shape is flattened to ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PL
 
 What is stored between forward and backward, for every variant (IF / LIF / PLIF,
 hard / soft reset, detach or not, any surrogate): X itself (``[T, M]`` in the input
-dtype), ``V_init [M]`` and ``w``; the backward recomputes H (and for PLIF V_{t-1}) from
-them. Bytes moved per neuron-step, with b the input's itemsize (4 float32, 2 bfloat16)::
+dtype), V at the start of every chunk of ``K = options.time_chunk`` steps
+(``[ceil(T/K), M]``, V_init first) and ``w``; the backward recomputes H (and for PLIF
+V_{t-1}) chunk by chunk from them. Bytes moved per neuron-step, with b the input's
+itemsize (4 float32, 2 bfloat16)::
 
     forward   read X, write S                        2b
     backward  read X, read dS, write dX              3b      total 5b: 20 B fp32, 10 B bf16
     return_v_seq adds a V write and a dV read in the state dtype (at least 4 B each)
 
-plus O(1/T) per-neuron terms (V_init read twice, V_T written, dV_T read, dV_init and
-PLIF's dk partial written). Storing H instead would cost 24 B fp32 / 16 B bf16 (write
-H in the forward, read it instead of X in the backward, H being in the float32 state
-dtype), and hold an fp32 residual where X may be bf16; no variant needs it: PLIF's
-``dH/dk = X - (V_{t-1} - v_r)`` (or ``-(V_{t-1} - v_r)``) comes from the same recomputation.
+plus 8/K bytes for the checkpoints (written once, read once) and O(1/T) per-neuron terms
+(V_init read, V_T written, dV_T read, dV_init and PLIF's dk partial written). Storing H
+instead would cost 24 B fp32 / 16 B bf16 (write H in the forward, read it instead of X
+in the backward, H being in the float32 state dtype), and hold an fp32 residual where X
+may be bf16; no variant needs it: PLIF's ``dH/dk = X - (V_{t-1} - v_r)`` (or
+``-(V_{t-1} - v_r)``) comes from the same recomputation. Chunking bounds what the
+backward keeps live per neuron (K values of H, not T), so long sequences do not spill
+registers.
 """
 from __future__ import annotations
 
@@ -29,10 +34,10 @@ import jax.numpy as jnp
 from snnjax.neurons import functional as F
 from snnjax.pallas.backward import backward
 from snnjax.pallas.forward import forward
-from snnjax.pallas.options import DEFAULT, MOSAIC_MAX_BOX, KernelOptions
+from snnjax.pallas.options import DEFAULT, KernelOptions
 
 # Off the CPU (interpret mode) the kernels are compiled for the GPU, where float64 is
-# not offered (Mosaic GPU has none; Triton's is untested here): those use impl="xla".
+# not offered by this package (Triton's float64 is untested here): those use impl="xla".
 GPU_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -46,8 +51,6 @@ def unsupported_reason(cfg: F.NeuronConfig, shape, dtype, opts: KernelOptions = 
         return f"inputs must be a non-empty [T, ...] sequence, got shape {tuple(shape)}"
     if opts.use_interpret():
         return None
-    if opts.gpu_lowering == "mosaic_gpu" and shape[0] > MOSAIC_MAX_BOX:
-        return f"the Mosaic GPU lowering takes T <= {MOSAIC_MAX_BOX} (TMA box limit), got T={shape[0]}"
     if not any(dtype == jnp.dtype(d) for d in GPU_DTYPES):
         return (f"{dtype} inputs run only in interpret mode (CPU); the compiled kernels take "
                 f"{', '.join(jnp.dtype(d).name for d in GPU_DTYPES)}")
@@ -81,20 +84,21 @@ def _decay_row(cfg, opts, w, m, sdt, backward):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _fused(cfg, return_v_seq, opts, x, v0, w):
-    out, _ = _fused_fwd(cfg, return_v_seq, opts, x, v0, w)
-    return out
+    k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False)
+    return forward(cfg, return_v_seq, opts, x, v0, k_row, checkpoints=False)
 
 
 def _fused_fwd(cfg, return_v_seq, opts, x, v0, w):
-    out = forward(cfg, return_v_seq, opts, x, v0, _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False))
-    return out, (x, v0, w)
+    k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False)
+    s, v, ck = forward(cfg, return_v_seq, opts, x, v0, k_row, checkpoints=True)
+    return (s, v), (x, ck, w)
 
 
 def _fused_bwd(cfg, return_v_seq, opts, res, cts):
-    x, v0, w = res
+    x, ck, w = res
     ds, dv = cts
-    k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, True)
-    dx, dv0, dk = backward(cfg, return_v_seq, opts, x, v0, k_row, ds, dv.astype(v0.dtype))
+    k_row = _decay_row(cfg, opts, w, x.shape[1], ck.dtype, True)
+    dx, dv0, dk = backward(cfg, return_v_seq, opts, x, ck, k_row, ds, dv.astype(ck.dtype))
     dw = None
     if cfg.kind == "PLIF":
         k = F.decay_rate(cfg, w)  # in w's dtype, as the XLA path's backward

@@ -1,11 +1,14 @@
 """Fused multi-timestep forward kernel of IF / LIF / PLIF over time-major ``[T, M]`` data.
 
 One program per block of ``bm`` neurons (a 1-D grid over M). It reads ``V_init`` once,
-keeps V in registers through a ``fori_loop`` over the T steps, and per step reads one row
-of X and writes one row of spikes (and of V when the sequence is wanted). The charge
-and reset are the XLA path's own functions (``functional.charge`` / ``reset``), so the
-operation order, hence every spike, is the same. A partial last block is handled by
-``lanes.Lanes`` (masked rows for Triton).
+keeps V in registers through the T steps, and per step reads one row of X and writes
+one row of spikes (and of V when the sequence is wanted). The steps run in chunks of
+``K = options.time_chunk`` (a loop over chunks, each chunk unrolled); for the backward it
+also writes V at the start of every chunk (``[ceil(T/K), M]`` checkpoints, ``4/K`` bytes
+per neuron-step), from which the backward recomputes one chunk of H at a time. The
+charge and reset are the XLA path's own functions (``functional.charge`` / ``reset``),
+so the operation order, hence every spike, is the same. A partial last block is handled
+by ``lanes.Lanes`` (masked rows).
 """
 from __future__ import annotations
 
@@ -19,13 +22,20 @@ from snnjax.pallas.lanes import Lanes
 from snnjax.pallas.options import KernelOptions
 
 
-def _kernel(cfg: F.NeuronConfig, T: int, return_v_seq: bool, m: int, masked: bool, x_ref, v0_ref, *refs):
+def chunks(T: int, K: int) -> tuple[int, int]:
+    """``(full chunks, steps in the last partial chunk)`` of T steps in chunks of K."""
+    return T // K, T % K
+
+
+def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, checkpoints: bool, m: int,
+            x_ref, v0_ref, *refs):
     if cfg.kind == "PLIF":
-        k_ref, s_ref, v_ref = refs
+        k_ref, *refs = refs
         k = k_ref[...]
     else:
-        (s_ref, v_ref), k = refs, None
-    io = Lanes(m, x_ref.shape[1], masked)
+        k = None
+    s_ref, v_ref, *ck_ref = refs
+    io = Lanes(m, x_ref.shape[1])
     sdt = v0_ref.dtype
 
     def step(t, v):
@@ -37,34 +47,50 @@ def _kernel(cfg: F.NeuronConfig, T: int, return_v_seq: bool, m: int, masked: boo
             io.store(v_ref, v, t)
         return v
 
-    v = jax.lax.fori_loop(0, T, step, io.load(v0_ref))
+    def chunk(c, v, length):
+        if checkpoints:
+            io.store(ck_ref[0], v, c)
+        for j in range(length):
+            v = step(c * K + j, v)
+        return v
+
+    n_full, rest = chunks(T, K)
+    v = jax.lax.fori_loop(0, n_full, functools.partial(chunk, length=K), io.load(v0_ref))
+    if rest:
+        v = chunk(n_full, v, rest)
     if not return_v_seq:
         io.store(v_ref, v)
 
 
-def forward(cfg: F.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, v0, k):
-    """``(spikes [T, M] in x.dtype, V [T, M] or [M] in v0.dtype)`` from ``x [T, M]``, ``v0 [M]``.
+def forward(cfg: F.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, v0, k, checkpoints: bool):
+    """``(spikes [T, M] in x.dtype, V [T, M] or [M] in v0.dtype[, checkpoints [ceil(T/K), M]])``.
 
-    ``k``: PLIF's ``1/tau`` broadcast to a ``[bm]`` row of v0's dtype (so the kernel needs
-    no scalar memory space), None otherwise.
+    ``x [T, M]``, ``v0 [M]``; ``k``: PLIF's ``1/tau`` broadcast to a ``[bm]`` row of v0's
+    dtype (so the kernel needs no scalar memory space), None otherwise. With
+    ``checkpoints`` the V before every chunk of ``opts.time_chunk`` steps is returned too.
     """
     T, M = x.shape
     bm = opts.block(M, backward=False)
+    n_ck = -(-T // opts.time_chunk)
     row = pl.BlockSpec((T, bm), lambda i: (0, i))
     lane = pl.BlockSpec((bm,), lambda i: (i,))
     in_specs = [row, lane] + ([pl.BlockSpec((bm,), lambda i: (0,))] if k is not None else [])
-    v_shape = (T, M) if return_v_seq else (M,)
+    out_shape = [jax.ShapeDtypeStruct((T, M), x.dtype), jax.ShapeDtypeStruct((T, M) if return_v_seq else (M,), v0.dtype)]
+    out_specs = [row, row if return_v_seq else lane]
+    if checkpoints:
+        out_shape.append(jax.ShapeDtypeStruct((n_ck, M), v0.dtype))
+        out_specs.append(pl.BlockSpec((n_ck, bm), lambda i: (0, i)))
     xb, sb = x.dtype.itemsize, v0.dtype.itemsize
     return pl.pallas_call(
-        functools.partial(_kernel, cfg, T, return_v_seq, M, opts.masked_rows()),
-        out_shape=(jax.ShapeDtypeStruct((T, M), x.dtype), jax.ShapeDtypeStruct(v_shape, v0.dtype)),
+        functools.partial(_kernel, cfg, T, opts.time_chunk, return_v_seq, checkpoints, M),
+        out_shape=tuple(out_shape),
         grid=(pl.cdiv(M, bm),),
         in_specs=in_specs,
-        out_specs=(row, row if return_v_seq else lane),
+        out_specs=tuple(out_specs),
         interpret=opts.use_interpret(),
         compiler_params=opts.compiler_params(),
-        cost_estimate=pl.CostEstimate(flops=8 * T * M, transcendentals=0,
-                                      bytes_accessed=T * M * (2 * xb + (sb if return_v_seq else 0)) + 2 * M * sb),
+        cost_estimate=pl.CostEstimate(
+            flops=8 * T * M, transcendentals=0,
+            bytes_accessed=T * M * (2 * xb + (sb if return_v_seq else 0)) + (2 + checkpoints * n_ck) * M * sb),
         name=f"snn_{cfg.kind.lower()}_forward",
     )(x, v0, *([k] if k is not None else []))
-

@@ -1,14 +1,11 @@
-"""Row loads and stores inside the kernels, masked past M where the GPU lowering needs it.
+"""Row loads and stores inside the kernels, masked past M.
 
 M need not be a multiple of the block: the grid has ``cdiv(M, bm)`` programs and the last
 one is partial. Every lane is independent (no lane reads another), so the lanes past M
-only have to be kept from touching memory:
-- Triton treats block refs as global-memory pointers and does not bound-check them, so
-  with ``gpu_lowering="triton"`` and ``M % bm != 0`` every row load and store carries the
-  mask ``lane < M`` (``jax.experimental.pallas.triton.load/store``);
-- Mosaic GPU copies blocks with TMA, which zero-fills reads and drops writes outside
-  the array, so plain ``ref[t]`` indexing is used (and in interpret mode, which pads).
-No copy of the data is padded, and no extra bytes move.
+only have to be kept from touching memory. Triton treats block refs as global-memory
+pointers and does not bound-check them, so when ``M % bm != 0`` every row load and store
+carries the mask ``lane < M`` (``jax.experimental.pallas.triton.load/store``; interpret
+mode runs the same masked code). No copy of the data is padded, and no extra bytes move.
 """
 from __future__ import annotations
 
@@ -21,9 +18,9 @@ from jax.experimental.pallas import triton as pl_triton
 class Lanes:
     """Loads and stores of ``[bm]`` rows of one program's block (build it inside the kernel)."""
 
-    def __init__(self, m: int, bm: int, masked: bool):
+    def __init__(self, m: int, bm: int):
         self.mask = None
-        if masked and m % bm:
+        if m % bm:
             lane = pl.program_id(0) * bm + jax.lax.broadcasted_iota(jnp.int32, (bm,), 0)
             self.mask = lane < m
 

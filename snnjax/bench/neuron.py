@@ -1,0 +1,292 @@
+"""Neuron benchmark: LIF forward + backward over ``[T, 64, C]`` for each impl, against the copy roofline.
+
+    python -m snnjax.bench.neuron [--ts 4 8 16 32] [--features C] [--impls xla pallas ...]
+                                  [--dtype float32|bfloat16] [--compare-spikingjelly] [--out FILE.jsonl]
+
+What is timed is one training-shaped call: ``(spikes, dX) = f(X, dS)``, the forward
+spikes and the input gradient for a cotangent dS, jitted, of a LIF neuron with
+SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmoid(4)).
+Inputs are ``0.5 + N(0, 1)`` (about a tenth of the neuron-steps fire), drawn with numpy
+from a seed per T, so SpikingJelly gets bit-identical inputs and its spike count and
+gradient norm are compared with ours.
+
+Per configuration: median (and min) milliseconds per call over ``--reps`` repetitions of
+``--inner`` back-to-back calls ended by ``block_until_ready`` (as a training loop
+dispatches), after warm-up; impls are interleaved, order alternating, since machines are
+noisy. Effective GB/s counts the minimum traffic of a fused forward
++ backward, 5 bytes-per-element passes per neuron-step (forward: read X, write S;
+backward: read X again, read dS, write dX): 20 B in float32, 10 B in bfloat16. The
+roofline fraction divides that by the copy bandwidth measured in the same run (a
+jitted elementwise pass over 1 GiB, ``--copy-mib``, written in place; bytes read +
+written); the copy rate into a newly allocated buffer is recorded beside it.
+
+Impls: ``xla`` (the lax.scan custom-vjp path), ``autodiff`` (``multistep_reference``),
+``pallas`` (the fused kernels; default ``KernelOptions``), and ``pallas:key=value,...``
+for other ``KernelOptions`` (``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on
+this backend: ``xla`` on a CPU (the Pallas kernels only run interpreted there), ``xla``
+and ``pallas`` on a GPU.
+
+``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode(step_mode='m')`` on the
+same shapes and inputs in a subprocess per backend (``snnjax.bench.spikingjelly_lif``;
+needs torch and spikingjelly): the torch backend on a CPU; on a GPU each of its CUDA
+implementations (``SJ_LIF_CUDA_IMPLEMENTATION``: triton, cuda, torch) that loads, and the
+ratio to the fastest. ``--out`` appends one JSON line per (impl, T) configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+BYTES_PASSES = 5  # fused fwd+bwd minimum: X, S (forward); X, dS, dX (backward)
+DEFAULT_FEATURES = {"cpu": 16384, "gpu": 65536}
+DEFAULT_INNER = {"gpu": 10}  # calls per timed repetition: a GPU call is short enough for host sync to show
+
+
+def make_inputs(t: int, batch: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, ds)`` float32 ``[t, batch, features]``: x = 0.5 + N(0,1), ds = N(0,1), seeded by t."""
+    rng = np.random.default_rng(1000 + t)
+    shape = (t, batch, features)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x += 0.5
+    return x, rng.standard_normal(shape, dtype=np.float32)
+
+
+def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
+    """Fewest bytes a fused forward + backward must move over ``[t, batch, features]``."""
+    return BYTES_PASSES * itemsize * t * batch * features
+
+
+def parse_impl(spec: str):
+    """``(name, KernelOptions or None)`` from ``xla``, ``autodiff``, ``pallas`` or ``pallas:key=value,...``."""
+    from snnjax import pallas as P
+
+    name, _, opts = spec.partition(":")
+    if name in ("xla", "autodiff") and not opts:
+        return name, None
+    if name != "pallas":
+        raise SystemExit(f"unknown impl {spec!r}: use xla, autodiff, pallas or pallas:key=value,...")
+    fields = {f.name: f.type for f in dataclasses.fields(P.KernelOptions)}
+    kwargs = {}
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"unknown KernelOptions field {key!r} in {spec!r}; fields: {', '.join(fields)}")
+        kwargs[key] = int(value)
+    return name, P.KernelOptions(**kwargs)
+
+
+def make_step(spec: str, cfg):
+    """Jitted ``(x, ds) -> (spikes, dx)`` for one impl spec."""
+    import jax
+
+    from snnjax import pallas as P
+    from snnjax.neurons import functional as F
+
+    name, opts = parse_impl(spec)
+    if name == "xla":
+        run = lambda x: F.multistep(cfg, x, impl="xla")[0]  # noqa: E731
+    elif name == "autodiff":
+        run = lambda x: F.multistep_reference(cfg, x)[0]  # noqa: E731
+    else:
+        run = lambda x: P.multistep(cfg, x, options=opts)[0]  # noqa: E731
+
+    def step(x, ds):
+        spikes, vjp = jax.vjp(run, x)
+        return spikes, vjp(ds)[0]
+
+    return jax.jit(step)
+
+
+def measure_copy_gbps(reps: int, inner: int, nbytes: int = 1 << 30) -> tuple[float, float]:
+    """Device copy bandwidth in GB/s (bytes read + written) of a jitted elementwise pass over ``nbytes``.
+
+    Returns ``(in_place, fresh)``: writing over the donated input (the memory system's rate),
+    and writing a newly allocated output, as every op returning a new array does. On a CPU
+    the second is lower: each new page costs a page fault on first touch.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    n = nbytes // 4
+    rates = []
+    for donate in (True, False):
+        neg = jax.jit(lambda a: -a, donate_argnums=0 if donate else ())
+        buf = jax.block_until_ready(neg(jnp.full((n,), 1.0, jnp.float32)))
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = neg(buf)
+                if donate:
+                    buf = out
+            jax.block_until_ready(out)
+            times.append((time.perf_counter() - start) / inner)
+            del out
+        rates.append(2 * 4 * n / statistics.median(times) / 1e9)
+        del buf
+    return rates[0], rates[1]
+
+
+def time_impls(steps: dict, x, ds, reps: int, warmup: int, inner: int) -> dict[str, list[float]]:
+    """Milliseconds per call of each step function: ``inner`` calls per repetition, one sync, interleaved."""
+    import jax
+
+    for fn in steps.values():
+        for _ in range(max(warmup, 1)):
+            jax.block_until_ready(fn(x, ds))
+    times = {name: [] for name in steps}
+    order = list(steps)
+    for r in range(reps):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            start = time.perf_counter()
+            for _ in range(inner):
+                out = steps[name](x, ds)
+            jax.block_until_ready(out)
+            times[name].append((time.perf_counter() - start) / inner * 1e3)
+    return times
+
+
+def summarize(spikes, dx) -> dict:
+    """Spike count and gradient L2 norm (compared across impls and with SpikingJelly)."""
+    return {"spikes": float(np.sum(np.asarray(spikes, np.float64))),
+            "dx_norm": float(np.linalg.norm(np.asarray(dx, np.float64).ravel()))}
+
+
+def run_spikingjelly(python: str, backend: str, device: str, ts, batch: int, features: int, dtype: str,
+                     reps: int, warmup: int, inner: int) -> dict[int, dict]:
+    """Per T, SpikingJelly's timings (``snnjax.bench.spikingjelly_lif`` run by ``python``), or ``{"error": ...}``."""
+    cmd = [python, "-m", "snnjax.bench.spikingjelly_lif", "--backend", backend, "--device", device,
+           "--batch", str(batch), "--features", str(features), "--dtype", dtype, "--reps", str(reps),
+           "--warmup", str(warmup), "--inner", str(inner), "--ts", *map(str, ts)]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    if backend != "cpu":
+        env["SJ_LIF_CUDA_IMPLEMENTATION"] = backend
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            results[rec["T"]] = rec
+    if proc.returncode != 0 or not results:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {t: {"error": f"{backend}: {err}"} for t in ts}
+    return results
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ts", type=int, nargs="+", default=[4, 8, 16, 32], help="time steps (default 4 8 16 32)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--features", type=int, help="C (default: 16384 on a CPU, 65536 on a GPU)")
+    p.add_argument("--impls", nargs="+", help="impl specs (default: xla on a CPU, xla and pallas on a GPU)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per impl and T")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--inner", type=int, help="calls per timed repetition, one sync at its end (default: 10 on a "
+                   "GPU, where the device would otherwise idle through each sync; 1 on a CPU)")
+    p.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the copy-bandwidth measurement")
+    p.add_argument("--compare-spikingjelly", action="store_true",
+                   help="also time SpikingJelly's LIFNode on the same shapes (needs torch + spikingjelly)")
+    p.add_argument("--sj-backends", nargs="+",
+                   help="SpikingJelly backends (default: cpu on a CPU; triton cuda torch on a GPU)")
+    p.add_argument("--sj-python", default=sys.executable,
+                   help="Python interpreter that has torch and spikingjelly (default: this one)")
+    p.add_argument("--out", help="append one JSON line per (impl, T) to this file")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU memory to SpikingJelly's run
+    import jax
+    import jax.numpy as jnp
+
+    from snnjax.neurons import functional as F
+
+    device = jax.devices()[0]
+    platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+    features = args.features or DEFAULT_FEATURES.get(platform, 16384)
+    impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla"])
+    sj_backends = args.sj_backends or (["triton", "cuda", "torch"] if platform == "gpu" else ["cpu"])
+    dtype = jnp.dtype(args.dtype)
+    cfg = F.NeuronConfig(kind="LIF", tau=2.0)
+    steps = {spec: make_step(spec, cfg) for spec in impls}
+
+    inner = args.inner or DEFAULT_INNER.get(platform, 1)
+    copy_gbps, copy_fresh_gbps = measure_copy_gbps(max(args.reps, 10), inner, args.copy_mib << 20)
+    print(f"LIF fwd+bwd (spikes and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
+          f"({device.device_kind}), median of {args.reps}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
+          f"{copy_fresh_gbps:.1f} GB/s into a new buffer; "
+          f"roofline {BYTES_PASSES * dtype.itemsize} B per neuron-step", flush=True)
+    sj = {}
+    if args.compare_spikingjelly:
+        sj_device = "cuda" if platform == "gpu" else "cpu"
+        for backend in sj_backends:
+            sj[backend] = run_spikingjelly(args.sj_python, backend, sj_device, args.ts, args.batch, features,
+                                           args.dtype, args.reps, args.warmup, inner)
+            for t, rec in sj[backend].items():
+                if "error" in rec:
+                    print(f"  SpikingJelly {backend} T={t}: unavailable ({rec['error']})", flush=True)
+                    break
+
+    header = f"{'T':>3} {'impl':<28} {'ms':>9} {'GB/s':>8} {'roofline':>9}"
+    if sj:
+        header += f" {'SJ best ms':>11} {'SJ backend':>11} {'speedup':>8}"
+    print(header)
+    records = []
+    for t in args.ts:
+        x_np, ds_np = make_inputs(t, args.batch, features)
+        x, ds = jnp.asarray(x_np, dtype), jnp.asarray(ds_np, dtype)
+        del x_np, ds_np
+        sums = {}
+        for name in list(steps):
+            try:
+                sums[name] = summarize(*steps[name](x, ds))
+            except Exception as e:  # noqa: BLE001 (an impl that cannot compile here is reported and dropped)
+                print(f"  {name}: dropped, {type(e).__name__}: {str(e)[:300]!r}", flush=True)
+                del steps[name]
+        times = time_impls(steps, x, ds, args.reps, args.warmup, inner)
+        nbytes = min_bytes(t, args.batch, features, dtype.itemsize)
+        sj_t = {b: r[t] for b, r in sj.items() if "error" not in r.get(t, {"error": 1})}
+        best_sj = min(sj_t.items(), key=lambda kv: kv[1]["median_ms"]) if sj_t else None
+        for name, ts_ms in times.items():
+            med = statistics.median(ts_ms)
+            gbps = nbytes / (med * 1e-3) / 1e9
+            rec = {
+                "bench": "neuron", "device_kind": device.device_kind, "platform": device.platform,
+                "impl": name, "neuron": "LIF", "T": t, "shape": [t, args.batch, features], "dtype": dtype.name,
+                "median_ms": med, "min_ms": min(ts_ms), "reps": len(ts_ms), "inner": inner, "min_bytes": nbytes,
+                "gb_per_s": gbps, "copy_gb_per_s": copy_gbps,
+                "copy_fresh_gb_per_s": copy_fresh_gbps, "roofline_fraction": gbps / copy_gbps,
+                **sums[name], "jax_version": jax.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            line = f"{t:>3} {name:<28} {med:>9.3f} {gbps:>8.1f} {gbps / copy_gbps:>9.2f}"
+            if sj:
+                rec["spikingjelly"] = {b: {k: r[k] for k in ("median_ms", "min_ms", "spikes", "dx_norm")}
+                                       for b, r in sj_t.items()}
+                if best_sj is not None:
+                    b, r = best_sj
+                    rec.update(spikingjelly_backend=b, spikingjelly_ms=r["median_ms"],
+                               speedup_vs_spikingjelly=r["median_ms"] / med,
+                               spikingjelly_spikes_match=r["spikes"] == sums[name]["spikes"],
+                               spikingjelly_dx_norm_rel_diff=abs(r["dx_norm"] - sums[name]["dx_norm"])
+                               / max(r["dx_norm"], 1e-30))
+                    line += f" {r['median_ms']:>11.3f} {b:>11} {r['median_ms'] / med:>7.2f}x"
+            print(line, flush=True)
+            records.append(rec)
+        del x, ds
+    if args.out:
+        with open(args.out, "a") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Compiled-kernel check: the fused kernels against the XLA path on the same (GPU) device.
+
+    python -m snnjax.pallas.check [--out FILE.jsonl]
+
+The CPU tests run the kernels in interpret mode; this runs them compiled on the default
+backend (a GPU; on a CPU it falls back to interpret mode), over a covering set of variants: every (kind, reset mode,
+surrogate) triple, with detach_reset, decay_input, ``return_v_seq``, custom thresholds /
+reset potentials, random ``v_init`` rotating through them, in float32 and (every other
+case) bfloat16, on a shape whose M is not a multiple of any block (partial last block).
+Per case it compares spikes (exactly equal fraction), V, and the VJP w.r.t. ``x``,
+``v_init`` and PLIF's ``w`` (normwise relative error) with ``functional.multistep(impl="xla")``
+run on the same device, prints one line (and one JSON record with ``--out``), and exits 1
+if any case exceeds the tolerances: at most 1e-4 of the spikes differ (the GPU compilers
+may contract a multiply-add differently, which can move a value sitting exactly on the
+threshold), gradients within 1e-4 (float32) / 2e-2 (bfloat16).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from snnjax import pallas as P
+from snnjax.neurons import functional as F
+from snnjax.neurons import surrogate as sg
+
+SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0)]
+SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size
+MAX_SPIKE_MISMATCH = 1e-4
+GRAD_TOL = {"float32": 1e-4, "bfloat16": 2e-2}
+
+
+def cases():
+    """``(cfg, dtype, return_v_seq, random_v_init)`` covering every kind x reset x surrogate."""
+    for i, (kind, reset, surrogate) in enumerate(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"],
+                                                                   SURROGATES)):
+        v_reset = None if reset == "soft" else (0.0 if i % 3 else -0.2)
+        cfg = F.NeuronConfig(kind=kind, tau=1.5 + 0.5 * (i % 3), decay_input=i % 2 == 0,
+                             v_threshold=1.0 if i % 4 else 0.7, v_reset=v_reset, detach_reset=(i // 2) % 2 == 1,
+                             surrogate=surrogate)
+        for dtype in (["float32", "bfloat16"] if i % 2 == 0 else ["float32"]):
+            yield cfg, dtype, i % 3 == 1, i % 4 != 0
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _run(impl, cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v):
+    if impl == "pallas":
+        fn = functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts)
+    else:
+        fn = functools.partial(F.multistep, cfg, return_v_seq=return_v_seq, impl="xla")
+    out, vjp = jax.vjp(fn, x, v_init, w)
+    return out, vjp((ct_s, ct_v))
+
+
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    denom = max(np.linalg.norm(want), np.linalg.norm(got))
+    return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
+
+
+def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
+    rng = np.random.default_rng(seed)
+    dt = jnp.dtype(dtype)
+    x = jnp.asarray(rng.normal(0.6 * cfg.v_threshold, 0.8, SHAPE), dt)
+    v_init = jnp.asarray(cfg.vr + rng.normal(0, 0.5, SHAPE[1:]) if random_v_init else np.full(SHAPE[1:], cfg.vr),
+                         jnp.float32)
+    w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
+    ct_s = jnp.asarray(rng.normal(size=SHAPE), dt)
+    ct_v = jnp.asarray(rng.normal(size=SHAPE if return_v_seq else SHAPE[1:]), jnp.float32)
+    (s_p, v_p), g_p = _run("pallas", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
+    (s_x, v_x), g_x = _run("xla", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
+    s_p, s_x = np.asarray(s_p, np.float32), np.asarray(s_x, np.float32)
+    rec = {"spike_mismatch": float(np.mean(s_p != s_x)), "fire_rate": float(s_x.mean()),
+           "v": _rel(v_p, v_x), "finite": bool(np.isfinite(np.asarray(v_p, np.float32)).all())}
+    for name, gp, gx in zip(("dx", "dv_init", "dw"), g_p, g_x):
+        if gx is not None:
+            rec[name] = _rel(gp, gx)
+            rec["finite"] &= bool(np.isfinite(np.asarray(gp, np.float32)).all())
+    tol = GRAD_TOL[dtype]
+    rec["ok"] = (rec["finite"] and rec["spike_mismatch"] <= MAX_SPIKE_MISMATCH and rec["v"] <= tol
+                 and all(rec[k] <= tol for k in ("dx", "dv_init", "dw") if k in rec))
+    return rec
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="append one JSON line per case to this file")
+    args = p.parse_args(argv)
+    device = jax.devices()[0]
+    print(f"fused kernels vs XLA path on {device.platform} ({device.device_kind}), jax {jax.__version__}, "
+          f"shape {SHAPE}", flush=True)
+    records, failed = [], 0
+    opts = P.DEFAULT  # compiled on a GPU, interpreted on a CPU
+    for n, (cfg, dtype, return_v_seq, random_v_init) in enumerate(cases()):
+        label = (f"{cfg.kind:<4} {'soft' if cfg.v_reset is None else 'hard'} "
+                 f"{'detach' if cfg.detach_reset else '      '} {'di' if cfg.decay_input else '  '} "
+                 f"{type(cfg.surrogate).__name__:<18} {dtype:<8} {'vseq' if return_v_seq else '    '}")
+        start = time.perf_counter()
+        try:
+            rec = check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed=n)
+        except Exception as e:  # noqa: BLE001 (report every variant's failure, then exit 1)
+            rec = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]!r}"}
+        rec.update(case=label.split(), seconds=time.perf_counter() - start,
+                   device_kind=device.device_kind, jax_version=jax.__version__)
+        failed += not rec["ok"]
+        print(f"{'ok  ' if rec['ok'] else 'FAIL'} {label} " + " ".join(
+            f"{k}={rec[k]:.2e}" for k in ("spike_mismatch", "v", "dx", "dv_init", "dw") if k in rec)
+            + (f" {rec['error']}" if "error" in rec else ""), flush=True)
+        records.append(rec)
+    if args.out:
+        with open(args.out, "a") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+    print(json.dumps({"cases": len(records), "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The neuron benchmark and the compiled-kernel check, run small on the CPU (no timings are asserted).
+
+- ``snnjax.bench.neuron``: records carry what the issue asks for (device kind, impl, T,
+  shape, dtype, ms, GB/s against the 20 B per neuron-step floor, roofline fraction of the
+  copy bandwidth measured in the same run), impls agree on spikes and gradient norm, and
+  bad impl specs are refused with the valid choices.
+- ``snnjax.pallas.check``: one case runs end to end (interpret mode here) and passes, and
+  a wrong kernel result is reported as a failure.
+"""
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from snnjax.bench import neuron as bench
+from snnjax.neurons import functional as F
+from snnjax.pallas import check
+
+
+def test_neuron_bench_records(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    bench.main(["--ts", "2", "3", "--batch", "2", "--features", "40", "--impls", "xla", "autodiff",
+                "pallas:block_m=16,time_chunk=2", "--reps", "2", "--warmup", "1", "--copy-mib", "8",
+                "--out", str(out)])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["T"], r["impl"]) for r in records] == [
+        (t, i) for t in (2, 3) for i in ("xla", "autodiff", "pallas:block_m=16,time_chunk=2")]
+    for r in records:
+        assert r["device_kind"] and r["platform"] == "cpu" and r["dtype"] == "float32"
+        assert r["shape"] == [r["T"], 2, 40] and r["min_bytes"] == 20 * r["T"] * 2 * 40
+        assert r["median_ms"] > 0 and r["gb_per_s"] == pytest.approx(r["min_bytes"] / r["median_ms"] / 1e6)
+        assert r["roofline_fraction"] == pytest.approx(r["gb_per_s"] / r["copy_gb_per_s"])
+        assert r["copy_gb_per_s"] > 0 and r["copy_fresh_gb_per_s"] > 0
+    for t in (2, 3):
+        same_t = [r for r in records if r["T"] == t]
+        assert len({r["spikes"] for r in same_t}) == 1 and same_t[0]["spikes"] > 0
+        assert np.ptp([r["dx_norm"] for r in same_t]) <= 1e-5 * same_t[0]["dx_norm"]
+
+
+def test_neuron_bench_inputs_are_seeded_and_fire():
+    x, ds = bench.make_inputs(4, 3, 50)
+    x2, ds2 = bench.make_inputs(4, 3, 50)
+    assert x.dtype == ds.dtype == np.float32 and x.shape == (4, 3, 50)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(ds, ds2)
+    spikes, _ = F.multistep(F.NeuronConfig(), jnp.asarray(x))
+    assert 0.05 < float(jnp.mean(spikes)) < 0.5
+
+
+@pytest.mark.parametrize("spec, message", [("cuda", "unknown impl"), ("pallas:block=8", "unknown KernelOptions field"),
+                                           ("xla:block_m=8", "unknown impl")])
+def test_neuron_bench_rejects_bad_impls(spec, message):
+    with pytest.raises(SystemExit, match=message):
+        bench.parse_impl(spec)
+
+
+def test_kernel_check_runs_a_case_and_catches_a_wrong_kernel(monkeypatch):
+    cfg, dtype, return_v_seq, random_v_init = next(check.cases())
+    rec = check.check_case(cfg, dtype, return_v_seq, random_v_init, check.P.DEFAULT, seed=0)
+    assert rec["ok"] and rec["spike_mismatch"] == 0 and 0 < rec["fire_rate"] < 1
+
+    real = check.P.multistep
+
+    def off_by_a_little(*args, **kwargs):
+        s, v = real(*args, **kwargs)
+        return s, v * 1.01
+
+    monkeypatch.setattr(check.P, "multistep", off_by_a_little)
+    # return_v_seq=True: a new trace of the checker's jitted runner, which picks up the patched kernels
+    rec = check.check_case(cfg, dtype, True, random_v_init, check.P.DEFAULT, seed=1)
+    assert not rec["ok"] and rec["v"] > 1e-3
