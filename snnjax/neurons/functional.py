@@ -162,7 +162,7 @@ IMPLS = ("auto", "xla", "pallas")
 
 
 # ``auto`` picks the Pallas kernels on a GPU: compiled there (jax 0.11.2, H100) they matched this path bit for
-# bit over every variant (``python -m snnjax.pallas.check``) and ran LIF forward + backward 2-2.6x faster
+# bit over every variant (``python -m snnjax.pallas.check``) and ran LIF forward + backward 2.6-3.2x faster
 # (``python -m snnjax.bench.neuron``; records in benchmarks/results/). Under a multi-device layout (a
 # ``snnjax.parallel`` plan active while the step is traced) ``auto`` keeps this path, which the SPMD
 # partitioner shards like any elementwise op; an opaque kernel call would have its operands gathered.
