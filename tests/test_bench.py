@@ -50,7 +50,8 @@ def test_neuron_bench_inputs_are_seeded_and_fire():
     assert 0.05 < float(jnp.mean(spikes)) < 0.5
 
 
-@pytest.mark.parametrize("spec, message", [("cuda", "unknown impl"), ("pallas:block=8", "unknown KernelOptions field"),
+@pytest.mark.parametrize("spec, message", [("cuda", "unknown impl"), ("pallas:block=8", "bad KernelOptions item"),
+                                           ("pallas:block_m=big", "key=integer"),
                                            ("xla:block_m=8", "unknown impl")])
 def test_neuron_bench_rejects_bad_impls(spec, message):
     with pytest.raises(SystemExit, match=message):

@@ -13,24 +13,26 @@ gradient norm are compared with ours.
 Per configuration: median (and min) milliseconds per call over ``--reps`` repetitions of
 ``--inner`` back-to-back calls ended by ``block_until_ready`` (as a training loop
 dispatches), after warm-up; impls are interleaved, order alternating, since machines are
-noisy. Effective GB/s counts the minimum traffic of a fused forward
-+ backward, 5 bytes-per-element passes per neuron-step (forward: read X, write S;
-backward: read X again, read dS, write dX): 20 B in float32, 10 B in bfloat16. The
-roofline fraction divides that by the copy bandwidth measured in the same run (a
-jitted elementwise pass over 1 GiB, ``--copy-mib``, written in place; bytes read +
-written); the copy rate into a newly allocated buffer is recorded beside it.
+noisy. Effective GB/s counts the minimum traffic of a fused forward + backward, 5
+element passes per neuron-step (forward: read X, write S; backward: read X again, read
+dS, write dX): 20 B in float32, 10 B in bfloat16. The roofline fraction divides that by
+the copy bandwidth measured in the same run (a jitted elementwise pass over 1 GiB,
+``--copy-mib``, written in place; bytes read + written); the copy rate into a newly
+allocated buffer is recorded beside it.
 
 Impls: ``xla`` (the lax.scan custom-vjp path), ``autodiff`` (``multistep_reference``),
 ``pallas`` (the fused kernels; default ``KernelOptions``), and ``pallas:key=value,...``
-for other ``KernelOptions`` (``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on
-this backend: ``xla`` on a CPU (the Pallas kernels only run interpreted there), ``xla``
-and ``pallas`` on a GPU.
+for other ``KernelOptions`` (``pallas:block_m=2048,num_warps=4``). The default is every
+impl that is compiled on this backend: ``xla`` on a CPU (the Pallas kernels only run
+interpreted there), ``xla`` and ``pallas`` on a GPU.
 
 ``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode(step_mode='m')`` on the
 same shapes and inputs in a subprocess per backend (``snnjax.bench.spikingjelly_lif``;
 needs torch and spikingjelly): the torch backend on a CPU; on a GPU each of its CUDA
 implementations (``SJ_LIF_CUDA_IMPLEMENTATION``: triton, cuda, torch) that loads, and the
-ratio to the fastest. ``--out`` appends one JSON line per (impl, T) configuration.
+ratio to the fastest. (Its native ``cuda`` backend loads only when SpikingJelly was built
+from source; its bfloat16 ``LIFNode`` keeps V in bfloat16 and runs the torch reference,
+backend ``auto``.) ``--out`` appends one JSON line per (impl, T) configuration.
 """
 from __future__ import annotations
 
@@ -73,12 +75,12 @@ def parse_impl(spec: str):
         return name, None
     if name != "pallas":
         raise SystemExit(f"unknown impl {spec!r}: use xla, autodiff, pallas or pallas:key=value,...")
-    fields = {f.name: f.type for f in dataclasses.fields(P.KernelOptions)}
+    fields = [f.name for f in dataclasses.fields(P.KernelOptions) if f.name != "interpret"]
     kwargs = {}
     for item in filter(None, opts.split(",")):
         key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"unknown KernelOptions field {key!r} in {spec!r}; fields: {', '.join(fields)}")
+        if key not in fields or not value.isdigit():
+            raise SystemExit(f"bad KernelOptions item {item!r} in {spec!r}: use key=integer, keys {', '.join(fields)}")
         kwargs[key] = int(value)
     return name, P.KernelOptions(**kwargs)
 
