@@ -43,6 +43,7 @@ from snnjax import pallas as P
 from snnjax.neurons import functional as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
+from snnjax.pallas.check import rel_error, run_vjp
 from snnjax.parallel import logical
 from strategies import SURROGATES as _SURROGATES
 
@@ -65,17 +66,6 @@ def pallas_cli():
     if proc.poll() is None:
         proc.kill()
         proc.communicate()
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _run(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, opts: P.KernelOptions, x, v_init, w, ct_s, ct_v):
-    """Outputs and the VJP w.r.t. (x, v_init, w) of one implementation."""
-    if impl == "pallas":
-        fn = functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts)
-    else:
-        fn = functools.partial(F.multistep, cfg, return_v_seq=return_v_seq, impl="xla")
-    out, vjp = jax.vjp(fn, x, v_init, w)
-    return out, vjp((ct_s, ct_v))
 
 
 
@@ -103,13 +93,6 @@ def _problems(draw):
             draw(st.integers(0, 2**32 - 1)))
 
 
-def _rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape
-    denom = max(np.linalg.norm(want), np.linalg.norm(got))
-    return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
-
-
 @settings(max_examples=20, deadline=None, database=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(_problems())
@@ -126,19 +109,19 @@ def test_pallas_equals_xla(x64, problem):  # x64 stays on for all examples
     ct_v = rng.normal(size=(T, *shape) if return_v_seq else shape).astype(dtype)
 
     args = (cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
-    (s_p, v_p), grads_p = _run("pallas", *args)
-    (s_x, v_x), grads_x = _run("xla", *args)
+    (s_p, v_p), grads_p = run_vjp("pallas", *args)
+    (s_x, v_x), grads_x = run_vjp("xla", *args)
 
     assert s_p.dtype == s_x.dtype == dtype and v_p.dtype == v_x.dtype == dtype
     assert v_p.shape == ((T, *shape) if return_v_seq else shape)
     np.testing.assert_array_equal(np.asarray(s_p), np.asarray(s_x), err_msg="spikes differ")
-    assert _rel(v_p, v_x) <= RTOL[dtype], "v differs"
+    assert rel_error(v_p, v_x) <= RTOL[dtype], "v differs"
     for name, gp, gx in zip(("x_seq", "v_init", "w"), grads_p, grads_x):
         if gx is None:
             assert gp is None, name
             continue
         assert gp.dtype == gx.dtype and gp.shape == gx.shape, name
-        err = _rel(gp, gx)
+        err = rel_error(gp, gx)
         assert err <= RTOL[dtype], f"grad w.r.t. {name}: normwise relative error {err:.3e} > {RTOL[dtype]:g}"
 
 
@@ -166,8 +149,8 @@ def test_pallas_matches_xla(name, dtype):
     w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
     ct_s = jnp.asarray(rng.normal(size=SHAPE), dtype)
     ct_v = jnp.asarray(rng.normal(size=SHAPE), jnp.float32)
-    (s_p, v_p), g_p = _run("pallas", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
-    (s_x, v_x), g_x = _run("xla", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
+    (s_p, v_p), g_p = run_vjp("pallas", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
+    (s_x, v_x), g_x = run_vjp("xla", cfg, True, OPTS, x, v_init, w, ct_s, ct_v)
     assert s_p.dtype == dtype and v_p.dtype == jnp.float32
     assert 0 < float(jnp.mean(s_p.astype(jnp.float32))) < 1, "the example should fire some but not all"
     np.testing.assert_array_equal(np.asarray(s_p, np.float32), np.asarray(s_x, np.float32))
@@ -176,7 +159,7 @@ def test_pallas_matches_xla(name, dtype):
         assert (gp is None) == (gx is None), what
         if gx is not None:
             assert gp.dtype == gx.dtype and gp.shape == gx.shape, what
-            assert _rel(gp, gx) < (1e-2 if gp.dtype == jnp.bfloat16 else 1e-5), what
+            assert rel_error(gp, gx) < (1e-2 if gp.dtype == jnp.bfloat16 else 1e-5), what
 
 
 def test_kernels_lower_for_gpu():

@@ -50,7 +50,8 @@ def cases():
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _run(impl, cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v):
+def run_vjp(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, opts: P.KernelOptions, x, v_init, w, ct_s, ct_v):
+    """Outputs of ``impl`` ("pallas" or "xla") and their VJP w.r.t. (x, v_init, w) for cotangents (ct_s, ct_v)."""
     if impl == "pallas":
         fn = functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts)
     else:
@@ -59,8 +60,10 @@ def _run(impl, cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v):
     return out, vjp((ct_s, ct_v))
 
 
-def _rel(got, want) -> float:
+def rel_error(got, want) -> float:
+    """Normwise relative difference of two same-shape arrays (0 when both are zero)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
     denom = max(np.linalg.norm(want), np.linalg.norm(got))
     return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
 
@@ -74,14 +77,14 @@ def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
     w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
     ct_s = jnp.asarray(rng.normal(size=SHAPE), dt)
     ct_v = jnp.asarray(rng.normal(size=SHAPE if return_v_seq else SHAPE[1:]), jnp.float32)
-    (s_p, v_p), g_p = _run("pallas", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
-    (s_x, v_x), g_x = _run("xla", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
+    (s_p, v_p), g_p = run_vjp("pallas", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
+    (s_x, v_x), g_x = run_vjp("xla", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
     s_p, s_x = np.asarray(s_p, np.float32), np.asarray(s_x, np.float32)
     rec = {"spike_mismatch": float(np.mean(s_p != s_x)), "fire_rate": float(s_x.mean()),
-           "v": _rel(v_p, v_x), "finite": bool(np.isfinite(np.asarray(v_p, np.float32)).all())}
+           "v": rel_error(v_p, v_x), "finite": bool(np.isfinite(np.asarray(v_p, np.float32)).all())}
     for name, gp, gx in zip(("dx", "dv_init", "dw"), g_p, g_x):
         if gx is not None:
-            rec[name] = _rel(gp, gx)
+            rec[name] = rel_error(gp, gx)
             rec["finite"] &= bool(np.isfinite(np.asarray(gp, np.float32)).all())
     tol = GRAD_TOL[dtype]
     rec["ok"] = (rec["finite"] and rec["spike_mismatch"] <= MAX_SPIKE_MISMATCH and rec["v"] <= tol
