@@ -19,6 +19,9 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     config = FLAGS.config
+    from snnjax import hostmem
+
+    hostmem.keep_freed_memory()  # reuse freed step buffers instead of re-faulting their pages each step
     import jax
 
     if config.dtype == "float64":

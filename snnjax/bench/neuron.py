@@ -18,13 +18,17 @@ element passes per neuron-step (forward: read X, write S; backward: read X again
 dS, write dX): 20 B in float32, 10 B in bfloat16. The roofline fraction divides that by
 the copy bandwidth measured in the same run (a jitted elementwise pass over 1 GiB,
 ``--copy-mib``, written in place; bytes read + written); the copy rate into a newly
-allocated buffer is recorded beside it.
+allocated buffer is recorded beside it. Both processes (ours and SpikingJelly's) first
+call ``snnjax.hostmem.keep_freed_memory()``, as ``train.py`` does, unless
+``--default-allocator``: with glibc's default thresholds each call re-faults the pages of
+its large buffers.
 
 Impls: ``xla`` (the lax.scan custom-vjp path), ``autodiff`` (``multistep_reference``),
-``pallas`` (the fused kernels; default ``KernelOptions``), and ``pallas:key=value,...``
-for other ``KernelOptions`` (``pallas:block_m=2048,num_warps=4``). The default is every
-impl that is compiled on this backend: ``xla`` on a CPU (the Pallas kernels only run
-interpreted there), ``xla`` and ``pallas`` on a GPU.
+``native`` (the fused C++ kernels, CPU), ``pallas`` (the fused Pallas kernels; default
+``KernelOptions``), and ``pallas:key=value,...`` for other ``KernelOptions``
+(``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on this
+backend: ``xla`` and ``native`` on a CPU (the Pallas kernels only run interpreted there),
+``xla`` and ``pallas`` on a GPU.
 
 ``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode(step_mode='m')`` on the
 same shapes and inputs in a subprocess per backend (``snnjax.bench.spikingjelly_lif``;
@@ -67,14 +71,14 @@ def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
 
 
 def parse_impl(spec: str):
-    """``(name, KernelOptions or None)`` from ``xla``, ``autodiff``, ``pallas`` or ``pallas:key=value,...``."""
+    """``(name, KernelOptions or None)`` from ``xla``, ``autodiff``, ``native``, ``pallas`` or ``pallas:key=value,...``."""
     from snnjax import pallas as P
 
     name, _, opts = spec.partition(":")
-    if name in ("xla", "autodiff") and not opts:
+    if name in ("xla", "autodiff", "native") and not opts:
         return name, None
     if name != "pallas":
-        raise SystemExit(f"unknown impl {spec!r}: use xla, autodiff, pallas or pallas:key=value,...")
+        raise SystemExit(f"unknown impl {spec!r}: use xla, autodiff, native, pallas or pallas:key=value,...")
     fields = [f.name for f in dataclasses.fields(P.KernelOptions) if f.name != "interpret"]
     kwargs = {}
     for item in filter(None, opts.split(",")):
@@ -93,8 +97,8 @@ def make_step(spec: str, cfg):
     from snnjax.neurons import functional as F
 
     name, opts = parse_impl(spec)
-    if name == "xla":
-        run = lambda x: F.multistep(cfg, x, impl="xla")[0]  # noqa: E731
+    if name in ("xla", "native"):
+        run = lambda x: F.multistep(cfg, x, impl=name)[0]  # noqa: E731
     elif name == "autodiff":
         run = lambda x: F.multistep_reference(cfg, x)[0]  # noqa: E731
     else:
@@ -163,11 +167,13 @@ def summarize(spikes, dx) -> dict:
 
 
 def run_spikingjelly(python: str, backend: str, device: str, ts, batch: int, features: int, dtype: str,
-                     reps: int, warmup: int, inner: int) -> dict[int, dict]:
+                     reps: int, warmup: int, inner: int, keep_freed_memory: bool) -> dict[int, dict]:
     """Per T, SpikingJelly's timings (``snnjax.bench.spikingjelly_lif`` run by ``python``), or ``{"error": ...}``."""
     cmd = [python, "-m", "snnjax.bench.spikingjelly_lif", "--backend", backend, "--device", device,
            "--batch", str(batch), "--features", str(features), "--dtype", dtype, "--reps", str(reps),
            "--warmup", str(warmup), "--inner", str(inner), "--ts", *map(str, ts)]
+    if keep_freed_memory:
+        cmd.append("--keep-freed-memory")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     if backend != "cpu":
@@ -189,7 +195,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--ts", type=int, nargs="+", default=[4, 8, 16, 32], help="time steps (default 4 8 16 32)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, help="C (default: 16384 on a CPU, 65536 on a GPU)")
-    p.add_argument("--impls", nargs="+", help="impl specs (default: xla on a CPU, xla and pallas on a GPU)")
+    p.add_argument("--impls", nargs="+", help="impl specs (default: xla and native on a CPU, xla and pallas on a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per impl and T")
     p.add_argument("--warmup", type=int, default=3)
@@ -202,8 +208,15 @@ def main(argv=None) -> list[dict]:
                    help="SpikingJelly backends (default: cpu on a CPU; triton cuda torch on a GPU)")
     p.add_argument("--sj-python", default=sys.executable,
                    help="Python interpreter that has torch and spikingjelly (default: this one)")
+    p.add_argument("--default-allocator", action="store_true",
+                   help="leave glibc's malloc thresholds alone (default: snnjax.hostmem.keep_freed_memory, as "
+                        "train.py does, in this process and SpikingJelly's)")
     p.add_argument("--out", help="append one JSON line per (impl, T) to this file")
     args = p.parse_args(argv)
+
+    from snnjax import hostmem
+
+    keep_freed = not args.default_allocator and hostmem.keep_freed_memory()
 
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU memory to SpikingJelly's run
     import jax
@@ -214,7 +227,7 @@ def main(argv=None) -> list[dict]:
     device = jax.devices()[0]
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     features = args.features or DEFAULT_FEATURES.get(platform, 16384)
-    impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla"])
+    impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
     sj_backends = args.sj_backends or (["triton", "cuda", "torch"] if platform == "gpu" else ["cpu"])
     dtype = jnp.dtype(args.dtype)
     cfg = F.NeuronConfig(kind="LIF", tau=2.0)
@@ -223,7 +236,8 @@ def main(argv=None) -> list[dict]:
     inner = args.inner or DEFAULT_INNER.get(platform, 1)
     copy_gbps, copy_fresh_gbps = measure_copy_gbps(max(args.reps, 10), inner, args.copy_mib << 20)
     print(f"LIF fwd+bwd (spikes and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
-          f"({device.device_kind}), median of {args.reps}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
+          f"({device.device_kind}), median of {args.reps}; host allocator "
+          f"{'keep_freed_memory' if keep_freed else 'default'}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
           f"{copy_fresh_gbps:.1f} GB/s into a new buffer; "
           f"roofline {BYTES_PASSES * dtype.itemsize} B per neuron-step", flush=True)
     sj = {}
@@ -231,7 +245,7 @@ def main(argv=None) -> list[dict]:
         sj_device = "cuda" if platform == "gpu" else "cpu"
         for backend in sj_backends:
             sj[backend] = run_spikingjelly(args.sj_python, backend, sj_device, args.ts, args.batch, features,
-                                           args.dtype, args.reps, args.warmup, inner)
+                                           args.dtype, args.reps, args.warmup, inner, keep_freed)
             for t, rec in sj[backend].items():
                 if "error" in rec:
                     print(f"  SpikingJelly {backend} T={t}: unavailable ({rec['error']})", flush=True)
@@ -266,6 +280,7 @@ def main(argv=None) -> list[dict]:
                 "median_ms": med, "min_ms": min(ts_ms), "reps": len(ts_ms), "inner": inner, "min_bytes": nbytes,
                 "gb_per_s": gbps, "copy_gb_per_s": copy_gbps,
                 "copy_fresh_gb_per_s": copy_fresh_gbps, "roofline_fraction": gbps / copy_gbps,
+                "host_allocator": "keep_freed_memory" if keep_freed else "default",
                 **sums[name], "jax_version": jax.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
             line = f"{t:>3} {name:<28} {med:>9.3f} {gbps:>8.1f} {gbps / copy_gbps:>9.2f}"

@@ -42,7 +42,12 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--inner", type=int, default=1, help="calls per timed repetition (one sync at its end)")
+    p.add_argument("--keep-freed-memory", action="store_true", help="snnjax.hostmem.keep_freed_memory() first")
     args = p.parse_args(argv)
+    if args.keep_freed_memory:
+        from snnjax import hostmem
+
+        hostmem.keep_freed_memory()
 
     import torch
     from spikingjelly.activation_based import functional, neuron
@@ -70,7 +75,8 @@ def main(argv=None) -> None:
             times.append((time.perf_counter() - start) / args.inner * 1e3)
         print(json.dumps({"T": t, "backend": args.backend, "device": args.device, "median_ms": statistics.median(times),
                           "min_ms": min(times), "reps": len(times), "inner": args.inner, "torch": torch.__version__,
-                          "implementation": os.environ.get("SJ_LIF_CUDA_IMPLEMENTATION", "auto"), **summary}),
+                          "implementation": os.environ.get("SJ_LIF_CUDA_IMPLEMENTATION", "auto"),
+                          "keep_freed_memory": args.keep_freed_memory, **summary}),
               flush=True)
         del x, ds, spikes
 

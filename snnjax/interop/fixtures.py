@@ -201,8 +201,9 @@ def iter_cases(cases, arrays, impl: str = "auto"):
 def check_file(path: str, impl: str = "auto") -> int:
     """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code.
 
-    ``impl`` (``auto``, ``xla``, ``pallas``) is the neurons' multi-step implementation
-    (``functional.multistep``); ``pallas`` runs the kernels in interpret mode on a CPU.
+    ``impl`` (``auto``, ``xla``, ``pallas``, ``native``) is the neurons' multi-step
+    implementation (``functional.multistep``); ``pallas`` runs the kernels in interpret
+    mode on a CPU.
     """
     if impl not in F.IMPLS:
         raise ValueError(f"impl must be one of {F.IMPLS}, got {impl!r}")

@@ -1,6 +1,6 @@
 """Import SpikingJelly (PyTorch) weights into snnjax models, and the fixture-checker CLI.
 
-    python -m snnjax.interop.spikingjelly check FILE.npz [--impl {auto,xla,pallas}]
+    python -m snnjax.interop.spikingjelly check FILE.npz [--impl {auto,xla,pallas,native}]
 
 A ``state_dict`` is any mapping from torch key to numpy array (``np.load`` of an
 ``.npz``, or ``{k: v.numpy() for k, v in torch.load(...).items()}``). Layouts are
@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.neurons.functional import IMPLS
 
 Path = tuple
 Convert = Callable[[np.ndarray], np.ndarray]
@@ -168,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="recompute a SpikingJelly reference file (FILE.npz + FILE.json) in float64")
     check.add_argument("file", help="the .npz file; its sibling .json describes the cases")
-    check.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
-                       help="the neurons' multi-step implementation (pallas runs interpreted on a CPU)")
+    check.add_argument("--impl", choices=IMPLS, default="auto",
+                       help="the neurons' multi-step implementation (pallas runs interpreted on a CPU; native "
+                            "is the CPU's C++ kernels)")
     args = parser.parse_args(argv)
     from snnjax.interop import fixtures
 

@@ -158,36 +158,60 @@ def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None
     return spikes, (v_seq if return_v_seq else v_last)
 
 
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = ("auto", "xla", "pallas", "native")
 
 
-# ``auto`` picks the Pallas kernels on a GPU: compiled there (jax 0.11.2, H100) they matched this path bit for
-# bit over every variant (``python -m snnjax.pallas.check``) and ran LIF forward + backward 2.6-3.2x faster
-# (``python -m snnjax.bench.neuron``; records in benchmarks/results/). Under a multi-device layout (a
-# ``snnjax.parallel`` plan active while the step is traced) ``auto`` keeps this path, which the SPMD
-# partitioner shards like any elementwise op; an opaque kernel call would have its operands gathered.
+# ``auto`` picks the fused kernels of the backend: Pallas on a GPU (compiled there, jax 0.11.2 on an H100,
+# they matched this path bit for bit over every variant, ``python -m snnjax.pallas.check``, and ran LIF
+# forward + backward 2.6-3.2x faster) and the native C++ kernels on a CPU (same spikes as this path; see
+# ``snnjax.native``). Under a multi-device layout (a ``snnjax.parallel`` plan active while the step is
+# traced) ``auto`` keeps this path, which the SPMD partitioner shards like any elementwise op; an opaque
+# kernel call would have its operands gathered. Measurements: ``python -m snnjax.bench.neuron``, records
+# in benchmarks/results/. A single step (T = 1) has no time loop to fuse, and XLA fuses its elementwise
+# update into the neighbouring ops, which an opaque kernel call would prevent: ``auto`` keeps this path.
 AUTO_PALLAS_ON_GPU = True
+AUTO_NATIVE_ON_CPU = True
 
 
 def resolve_impl(impl: str, cfg: NeuronConfig, x_seq) -> str:
-    """``"xla"`` or ``"pallas"`` for an ``impl`` choice (``auto``: Pallas on one GPU, see ``AUTO_PALLAS_ON_GPU``).
+    """``"xla"``, ``"pallas"`` or ``"native"`` for an ``impl`` choice (``auto``: see ``AUTO_PALLAS_ON_GPU``).
 
-    An explicit ``"pallas"`` that cannot run this call raises ValueError saying why.
+    An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
+    (``snnjax.native.build.NativeBuildError`` where the native kernels cannot be compiled).
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "xla" or (impl == "auto" and not (AUTO_PALLAS_ON_GPU and jax.default_backend() == "gpu")):
+    if impl == "xla":
         return "xla"
-    from snnjax import pallas  # noqa: PLC0415 (pallas imports this module)
-    from snnjax.parallel import logical  # noqa: PLC0415 (parallel imports the models, hence this module)
+    backend = jax.default_backend()
+    shape, dtype = jnp.shape(x_seq), jnp.result_type(x_seq)
+    if impl == "auto":
+        wanted = ("pallas" if backend == "gpu" and AUTO_PALLAS_ON_GPU
+                  else "native" if backend == "cpu" and AUTO_NATIVE_ON_CPU else None)
+        if wanted is None or shape[:1] in ((), (1,)):
+            return "xla"
+        from snnjax.parallel import logical  # noqa: PLC0415 (parallel imports the models, hence this module)
 
-    if impl == "auto" and logical.is_partitioned():
-        return "xla"
-    reason = pallas.unsupported_reason(cfg, jnp.shape(x_seq), jnp.result_type(x_seq))
+        if logical.is_partitioned():
+            return "xla"
+    else:
+        wanted = impl
+    if wanted == "pallas":
+        from snnjax import pallas  # noqa: PLC0415 (pallas imports this module)
+
+        reason = pallas.unsupported_reason(cfg, shape, dtype)
+    else:
+        from snnjax.native import build, neuron  # noqa: PLC0415 (native imports this module)
+
+        reason = neuron.unsupported_reason(cfg, shape, dtype)
+        if reason is None and backend != "cpu":
+            reason = f"the native kernels run on the CPU backend, this is {backend!r}"
+        if reason is None and impl == "auto" and not build.available():
+            return "xla"
     if reason is None:
-        return "pallas"
-    if impl == "pallas":
-        raise ValueError(f"impl='pallas' cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
+        return wanted
+    if impl == wanted:
+        raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
     return "xla"
 
 
@@ -197,13 +221,20 @@ def multistep(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, retur
     Same contract as ``multistep_reference``; gradients flow to ``x_seq``,
     ``v_init`` and PLIF's ``w``. ``impl``: ``"xla"`` (``lax.scan``, storing H),
     ``"pallas"`` (the fused kernels of ``snnjax.pallas``, run with ``interpret=True`` on
-    a CPU backend) or ``"auto"`` (Pallas on one GPU, XLA elsewhere); all give the same results.
+    a CPU backend), ``"native"`` (the fused C++ kernels of ``snnjax.native``, CPU only) or
+    ``"auto"`` (Pallas on one GPU, native on one CPU device, XLA for a single step or under a
+    multi-device layout); all give the same spikes and states, and gradients equal to rounding.
     """
     check_decay_param(cfg, w)
-    if resolve_impl(impl, cfg, x_seq) == "pallas":
+    chosen = resolve_impl(impl, cfg, x_seq)
+    if chosen == "pallas":
         from snnjax import pallas  # noqa: PLC0415
 
         return pallas.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+    if chosen == "native":
+        from snnjax.native import neuron  # noqa: PLC0415
+
+        return neuron.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     v0 = _broadcast_state(cfg, x_seq, v_init)
     return _multistep(cfg, return_v_seq, x_seq, v0, w)
 

@@ -1,0 +1,122 @@
+"""Compile and load the native CPU neuron kernels (``neuron_ffi.cc``) once per machine.
+
+The shared library is built with the system C++ compiler (``$CXX``, else ``g++``,
+else ``c++``) against jaxlib's XLA FFI headers, for this machine's CPU
+(``-march=native``), and cached under ``$SNNJAX_CACHE`` (default
+``~/.cache/snnjax``), keyed by the sources, the jaxlib version, the compiler and
+the CPU. The first build takes about 15 s on 2 cores; later processes load the
+cached library. Its handlers are registered with XLA once per process.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+
+import jax
+import jaxlib
+
+HERE = pathlib.Path(__file__).parent
+SOURCES = (HERE / "neuron_ffi.cc", HERE / "neuron_kernels.h")
+TARGETS = {
+    "forward": {"float32": "SnnNeuronForwardF32", "float64": "SnnNeuronForwardF64"},
+    "backward": {"float32": "SnnNeuronBackwardF32", "float64": "SnnNeuronBackwardF64"},
+}
+log = logging.getLogger(__name__)
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be compiled or loaded."""
+
+
+def _compiler() -> str:
+    for cxx in filter(None, (os.environ.get("CXX"), "g++", "c++", "clang++")):
+        if shutil.which(cxx):
+            return cxx
+    raise NativeBuildError("no C++ compiler found (set $CXX, or install g++); the native CPU neuron kernels "
+                           "need one. impl='xla' runs without it.")
+
+
+def _flags() -> list[str]:
+    # -ffp-contract=off: no fused multiply-adds the XLA path does not make, so the spikes are
+    # the same bits; -fno-trapping-math lets the branch-free selects vectorise.
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC", "-w"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags.append("-mprefer-vector-width=256")
+    return flags
+
+
+def _cpu_id() -> bytes:
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+        return "\n".join(ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))).encode()
+    except OSError:
+        return platform.processor().encode()
+
+
+def _cache_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("SNNJAX_CACHE", pathlib.Path.home() / ".cache" / "snnjax"))
+
+
+def _compile(cxx: str, out: pathlib.Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_lib = pathlib.Path(tmp) / out.name
+        cmd = [cxx, *_flags(), f"-I{jax.ffi.include_dir()}", f"-I{HERE}", str(SOURCES[0]), "-o", str(tmp_lib)]
+        log.warning("compiling the native CPU neuron kernels (once per machine; cached in %s)", out.parent)
+        start = time.perf_counter()
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode:
+            raise NativeBuildError(f"compiling {SOURCES[0].name} failed:\n{' '.join(cmd)}\n{result.stderr[-3000:]}")
+        os.replace(tmp_lib, out)  # atomic: concurrent builders never load a partial library
+        log.warning("compiled the native CPU neuron kernels in %.1f s", time.perf_counter() - start)
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """The compiled library, with its FFI handlers registered for the CPU platform.
+
+    Raises NativeBuildError (with the compiler's message) when it cannot be built; the
+    failure is cached for the process.
+    """
+    cxx = _compiler()
+    key = hashlib.sha256()
+    for src in SOURCES:
+        key.update(src.read_bytes())
+    for part in (jaxlib.__version__, cxx, " ".join(_flags())):
+        key.update(part.encode())
+    key.update(_cpu_id())
+    lib_path = _cache_dir() / f"snnjax_neuron_kernels_{key.hexdigest()[:16]}.so"
+    if not lib_path.exists():
+        _compile(cxx, lib_path)
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(lib_path))
+    except OSError as e:
+        raise NativeBuildError(f"loading {lib_path} failed ({e}); delete it to rebuild") from e
+    for per_dtype in TARGETS.values():
+        for symbol in per_dtype.values():
+            jax.ffi.register_ffi_target(symbol, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return lib
+
+
+def available() -> bool:
+    """Whether the native kernels are (or can be) built and loaded here."""
+    try:
+        load()
+    except NativeBuildError as e:
+        _warn_once(str(e))
+        return False
+    return True
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning("native CPU neuron kernels unavailable, using the XLA path: %s", message)

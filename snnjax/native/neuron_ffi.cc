@@ -1,0 +1,200 @@
+// XLA FFI handlers for the CPU neuron kernels of neuron_kernels.h.
+//
+// SnnNeuronForward{F32,F64}(x [T, M], v0 [M] or [], k []) -> (s [T, M], v [T, M] or [M])
+// SnnNeuronBackward{F32,F64}(x, v0, k, ds [T, M], dv [T, M], [M] or [])
+//     -> (dx [T, M], dv0 [M] or [], dk [chunks])
+// A scalar v0 is the same start for every neuron (no dV_init is wanted: dv0 is a scalar,
+// written 0); a scalar dv is a zero cotangent. Neurons are split into chunks of `chunk`
+// (an attribute), run on XLA's intra-op thread pool; dk holds each chunk's PLIF partial sum.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "neuron_kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace snnjax {
+namespace {
+
+// Runs fn(chunk, worker_scratch) for chunk in [0, chunks) on the calling thread and up to
+// pool.num_threads() - 1 pool tasks, returning when every chunk is done. Tasks that start
+// late find no chunk left and touch only the shared counters.
+template <typename Fn>
+void ParallelChunks(ffi::ThreadPool& pool, int64_t chunks, Fn fn) {
+  struct State {
+    std::atomic<int64_t> next{0};
+    int64_t done = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  auto state = std::make_shared<State>();
+  auto work = [state, chunks, fn]() mutable {
+    int64_t mine = 0;
+    for (int64_t c; (c = state->next.fetch_add(1)) < chunks; ++mine) fn(c);
+    if (mine == 0) return;
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->done += mine;
+    if (state->done == chunks) state->cv.notify_all();
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(work)(work));
+  work();
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->done == chunks; });
+}
+
+// kind: 0 IF, 1 LIF, 2 PLIF. k is PLIF's sigmoid(w) in F; LIF's k and keep come from tau.
+template <typename F>
+Params<F> MakeParams(int64_t T, int64_t M, int64_t kind, F k, double tau, bool hard, bool detach, bool v_seq,
+                     bool decay_input, double v_reset, double v_th, double alpha) {
+  Params<F> p{T, M, static_cast<F>(v_th), static_cast<F>(v_reset), F(1), F(1), static_cast<F>(alpha),
+              hard, detach, v_seq, decay_input};
+  if (kind == 1) {
+    p.k = F(1) / static_cast<F>(tau);
+    p.keep = static_cast<F>(1.0 - 1.0 / tau);
+  } else if (kind == 2) {
+    p.k = k;
+    p.keep = F(1) - k;
+  }
+  return p;
+}
+
+template <typename F>
+using ForwardFn = void (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, F*, F*, F*);
+template <typename F>
+using RecomputeFn = void (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, F*, F*);
+template <typename F>
+using ReverseFn = F (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, const F*, const F*,
+                        const F*, F*, F*, F*, F*);
+
+template <typename F, bool HARD>
+ForwardFn<F> PickForward(int64_t charging) {
+  switch (charging) {
+    case kIntegrate: return ForwardChunk<F, kIntegrate, HARD>;
+    case kDecayInput: return ForwardChunk<F, kDecayInput, HARD>;
+    case kKeep: return ForwardChunk<F, kKeep, HARD>;
+    default: return ForwardChunk<F, kLeak, HARD>;
+  }
+}
+
+template <typename F, bool HARD>
+RecomputeFn<F> PickRecompute(int64_t charging) {
+  switch (charging) {
+    case kIntegrate: return RecomputeChunk<F, kIntegrate, HARD>;
+    case kDecayInput: return RecomputeChunk<F, kDecayInput, HARD>;
+    case kKeep: return RecomputeChunk<F, kKeep, HARD>;
+    default: return RecomputeChunk<F, kLeak, HARD>;
+  }
+}
+
+template <typename F, bool PLIF>
+ReverseFn<F> PickReverse(int64_t surrogate) {
+  switch (surrogate) {
+    case kSigmoid: return ReverseChunk<F, kSigmoid, PLIF>;
+    case kATan: return ReverseChunk<F, kATan, PLIF>;
+    case kPiecewiseQuadratic: return ReverseChunk<F, kPiecewiseQuadratic, PLIF>;
+    default: return ReverseChunk<F, kSoftSign, PLIF>;
+  }
+}
+
+ffi::Error CheckArgs(ffi::Span<const int64_t> x, int64_t chunk, int64_t charging, int64_t surrogate) {
+  if (x.size() != 2) return ffi::Error::InvalidArgument("neuron kernels take x of shape [T, M]");
+  if (chunk <= 0) return ffi::Error::InvalidArgument("chunk must be positive");
+  if (charging < 0 || charging > kLeak) return ffi::Error::InvalidArgument("unknown charging mode");
+  if (surrogate < 0 || surrogate > kSoftSign) return ffi::Error::InvalidArgument("unknown surrogate");
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0, ffi::Buffer<DT> k,
+                   ffi::ResultBuffer<DT> s, ffi::ResultBuffer<DT> v, int64_t kind, int64_t charging, bool hard,
+                   bool detach, bool v_seq, bool decay_input, double v_reset, double v_th, double tau, double alpha,
+                   int64_t chunk) {
+  using F = ffi::NativeType<DT>;
+  if (ffi::Error e = CheckArgs(x.dimensions(), chunk, charging, 0); e.failure()) return e;
+  const int64_t T = x.dimensions()[0], M = x.dimensions()[1];
+  const Params<F> p = MakeParams<F>(T, M, kind, k.typed_data()[0], tau, hard, detach, v_seq, decay_input, v_reset,
+                                    v_th, alpha);
+  const ForwardFn<F> fn = hard ? PickForward<F, true>(charging) : PickForward<F, false>(charging);
+  const F *xd = x.typed_data(), *v0d = v0.typed_data();
+  const int64_t v0_size = v0.dimensions().size() == 0 ? 1 : M;
+  F *sd = s->typed_data(), *vd = v->typed_data();
+  ParallelChunks(pool, (M + chunk - 1) / chunk, [=](int64_t c) {
+    std::vector<F> scratch(chunk);
+    const int64_t lo = c * chunk;
+    fn(p, lo, std::min(lo + chunk, M), xd, v0d, v0_size, sd, vd, scratch.data());
+  });
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0, ffi::Buffer<DT> k,
+                    ffi::Buffer<DT> ds, ffi::Buffer<DT> dv, ffi::ResultBuffer<DT> dx, ffi::ResultBuffer<DT> dv0,
+                    ffi::ResultBuffer<DT> dk, int64_t kind, int64_t charging, int64_t surrogate, bool hard,
+                    bool detach, bool v_seq, bool decay_input, double v_reset, double v_th, double tau, double alpha,
+                    int64_t chunk) {
+  using F = ffi::NativeType<DT>;
+  if (ffi::Error e = CheckArgs(x.dimensions(), chunk, charging, surrogate); e.failure()) return e;
+  const int64_t T = x.dimensions()[0], M = x.dimensions()[1];
+  const Params<F> p = MakeParams<F>(T, M, kind, k.typed_data()[0], tau, hard, detach, v_seq, decay_input, v_reset,
+                                    v_th, alpha);
+  const RecomputeFn<F> recompute = hard ? PickRecompute<F, true>(charging) : PickRecompute<F, false>(charging);
+  const ReverseFn<F> reverse = kind == 2 ? PickReverse<F, true>(surrogate) : PickReverse<F, false>(surrogate);
+  const F *xd = x.typed_data(), *v0d = v0.typed_data(), *dsd = ds.typed_data();
+  const F* dvd = dv.dimensions().size() == 0 ? nullptr : dv.typed_data();
+  const int64_t v0_size = v0.dimensions().size() == 0 ? 1 : M;
+  F *dxd = dx->typed_data(), *dkd = dk->typed_data();
+  F* dv0d = dv0->dimensions().size() == 0 ? nullptr : dv0->typed_data();
+  if (dv0d == nullptr) dv0->typed_data()[0] = F(0);
+  ParallelChunks(pool, (M + chunk - 1) / chunk, [=](int64_t c) {
+    std::vector<F> scratch((T + 3) * chunk);
+    F *h = scratch.data(), *a = h + T * chunk, *b = a + chunk, *d = b + chunk;
+    const int64_t lo = c * chunk, hi = std::min(lo + chunk, M);
+    recompute(p, lo, hi, xd, v0d, v0_size, h, a);
+    dkd[c] = reverse(p, lo, hi, xd, v0d, v0_size, h, dsd, dvd, dxd, dv0d, b, d);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace snnjax
+
+#define SNN_ATTRS                                                                                         \
+  .Attr<bool>("hard").Attr<bool>("detach").Attr<bool>("v_seq").Attr<bool>("decay_input")                  \
+      .Attr<double>("v_reset").Attr<double>("v_th").Attr<double>("tau").Attr<double>("alpha")             \
+      .Attr<int64_t>("chunk")
+
+#define SNN_DEFINE(DT, SUFFIX)                                                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnNeuronForward##SUFFIX, snnjax::Forward<DT>,                             \
+                                ffi::Ffi::Bind()                                                          \
+                                    .Ctx<ffi::ThreadPool>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Attr<int64_t>("kind")                                                \
+                                    .Attr<int64_t>("charging") SNN_ATTRS);                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnNeuronBackward##SUFFIX, snnjax::Backward<DT>,                           \
+                                ffi::Ffi::Bind()                                                          \
+                                    .Ctx<ffi::ThreadPool>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Attr<int64_t>("kind")                                                \
+                                    .Attr<int64_t>("charging")                                            \
+                                    .Attr<int64_t>("surrogate") SNN_ATTRS);
+
+SNN_DEFINE(ffi::F32, F32)
+SNN_DEFINE(ffi::F64, F64)
