@@ -139,7 +139,7 @@ def test_several_chunks_and_half_precision_inputs(name, dtype):
 
 
 def test_chunk_size_keeps_the_scratch_in_cache():
-    assert N.chunk_size(4, 10**6) == 4096 and N.chunk_size(32, 10**6) == 2048 and N.chunk_size(1000, 10**6) == 256
+    assert N.chunk_size(4, 10**6) == 8192 and N.chunk_size(32, 10**6) == 4096 and N.chunk_size(1000, 10**6) == 256
     assert N.chunk_size(4, 100) == 100 and N.chunk_size(4, 1) == 1
     assert all(N.chunk_size(t, 10**6) % 64 == 0 for t in range(1, 300))
 
@@ -206,3 +206,17 @@ def test_keep_freed_memory_applies_on_glibc():
     applied = hostmem.keep_freed_memory()
     assert applied is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
     assert hostmem.keep_freed_memory() is applied  # once per process
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_large_outputs_through_the_streaming_stores(x64, dtype):
+    # [T, M] outputs just over the kernels' kStreamMinBytes (8 MiB, neuron_kernels.h) are written
+    # with non-temporal stores on x86; an odd M leaves most rows unaligned to 32 bytes.
+    T, M = (4, 2**19 + 3) if dtype == "float32" else (2, 2**19 + 3)
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.6, 0.8, (T, M)).astype(dtype)
+    v_init = rng.normal(0.0, 0.5, (M,)).astype(dtype)
+    w = np.asarray(0.3, dtype)
+    ct_s, ct_v = rng.normal(size=(2, T, M)).astype(dtype)
+    rtol_w = 1e-10 if dtype == "float64" else 1e-4
+    assert_matches_xla(CONFIGS["PLIF-hard-sigmoid"], True, x, v_init, w, ct_s, ct_v, RTOL[dtype], rtol_w)

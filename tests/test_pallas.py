@@ -154,6 +154,30 @@ def test_pallas_matches_xla(name, dtype):
             assert rel_error(gp, gx) < (1e-2 if gp.dtype == jnp.bfloat16 else 1e-5), what
 
 
+@pytest.mark.parametrize("T", [3, 8, 16, 20], ids=lambda t: f"T{t}")  # K = 8: one partial, one, two, three chunks
+@pytest.mark.parametrize("return_v_seq", [False, True], ids=["v_last", "v_seq"])
+def test_default_state_and_unused_v(T, return_v_seq):
+    """No v_init (one start shared by every neuron) and a loss on the spikes alone (V's cotangent a symbolic zero)."""
+    cfg = CONFIGS["PLIF-hard-sigmoid"]
+    rng = np.random.default_rng(T)
+    x = jnp.asarray(rng.normal(0.6, 0.8, (T, 5, 37)), jnp.float32)
+    w, ct = jnp.asarray(0.2, jnp.float32), jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+    opts = P.KernelOptions(interpret=True, block_m=64, block_m_backward=64, time_chunk=8)
+
+    def grads(impl):
+        def loss(x, w):
+            if impl == "pallas":
+                s, _ = P.multistep(cfg, x, None, w, return_v_seq=return_v_seq, options=opts)
+            else:
+                s, _ = F.multistep(cfg, x, None, w, return_v_seq=return_v_seq, impl="xla")
+            return jnp.sum(s * ct)
+        return jax.grad(loss, argnums=(0, 1))(x, w)
+
+    (dx_p, dw_p), (dx_x, dw_x) = grads("pallas"), grads("xla")
+    assert rel_error(dx_p, dx_x) < 1e-5 and rel_error(dw_p, dw_x) < 1e-4
+    assert float(jnp.linalg.norm(dx_x)) > 0
+
+
 def test_kernels_lower_for_gpu():
     opts = P.KernelOptions(interpret=False)
     for cfg, dtype, return_v_seq in [(CONFIGS["PLIF-hard-sigmoid"], jnp.bfloat16, True),

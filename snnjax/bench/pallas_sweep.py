@@ -63,7 +63,7 @@ def main(argv=None) -> str:
         rng = np.random.default_rng(t)
         x = jnp.asarray(0.5 + rng.standard_normal((t, m), dtype=np.float32), dtype)
         ds = jnp.asarray(rng.standard_normal((t, m), dtype=np.float32), dtype)
-        v0 = jnp.zeros((m,), jnp.float32)
+        v0 = jnp.zeros((), jnp.float32)  # the default state: one start shared by every neuron
         first = {}
         for part, space in (("forward", FORWARD), ("backward", BACKWARD)):
             for kw in _grid(space):
@@ -73,7 +73,7 @@ def main(argv=None) -> str:
                     fn_args, passes = (x, v0), 2
                 else:
                     ck = jax.jit(lambda x, v0, o=opts: forward(cfg, False, o, x, v0, None, checkpoints=True)[2])(x, v0)
-                    fn = jax.jit(lambda x, ck, ds, o=opts: backward(cfg, False, o, x, ck, None, ds, v0))
+                    fn = jax.jit(lambda x, ck, ds, o=opts: backward(cfg, False, o, x, ck, v0, None, ds, None))
                     fn_args, passes = (x, ck, ds), 3
                 out = fn(*fn_args)[0]
                 same = bool(jnp.array_equal(out, first.setdefault(part, out)))

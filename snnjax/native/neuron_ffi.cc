@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "neuron_kernels.h"
 #include "xla/ffi/api/ffi.h"
@@ -22,11 +21,12 @@ namespace ffi = xla::ffi;
 namespace snnjax {
 namespace {
 
-// Runs fn(chunk, worker_scratch) for chunk in [0, chunks) on the calling thread and up to
-// pool.num_threads() - 1 pool tasks, returning when every chunk is done. Tasks that start
-// late find no chunk left and touch only the shared counters.
-template <typename Fn>
-void ParallelChunks(ffi::ThreadPool& pool, int64_t chunks, Fn fn) {
+// Runs fn(chunk, scratch) for chunk in [0, chunks) on the calling thread and up to
+// pool.num_threads() - 1 pool tasks, returning when every chunk is done; each worker
+// allocates its scratch (scratch_size values, uninitialised) once. Tasks that start late
+// find no chunk left and touch only the shared counters.
+template <typename F, typename Fn>
+void ParallelChunks(ffi::ThreadPool& pool, int64_t chunks, int64_t scratch_size, Fn fn) {
   struct State {
     std::atomic<int64_t> next{0};
     int64_t done = 0;
@@ -34,9 +34,13 @@ void ParallelChunks(ffi::ThreadPool& pool, int64_t chunks, Fn fn) {
     std::condition_variable cv;
   };
   auto state = std::make_shared<State>();
-  auto work = [state, chunks, fn]() mutable {
+  auto work = [state, chunks, scratch_size, fn]() mutable {
     int64_t mine = 0;
-    for (int64_t c; (c = state->next.fetch_add(1)) < chunks; ++mine) fn(c);
+    std::unique_ptr<F[]> scratch;
+    for (int64_t c; (c = state->next.fetch_add(1)) < chunks; ++mine) {
+      if (!scratch) scratch.reset(new F[scratch_size]);
+      fn(c, scratch.get());
+    }
     if (mine == 0) return;
     std::lock_guard<std::mutex> lock(state->mu);
     state->done += mine;
@@ -54,7 +58,7 @@ template <typename F>
 Params<F> MakeParams(int64_t T, int64_t M, int64_t kind, F k, double tau, bool hard, bool detach, bool v_seq,
                      bool decay_input, double v_reset, double v_th, double alpha) {
   Params<F> p{T, M, static_cast<F>(v_th), static_cast<F>(v_reset), F(1), F(1), static_cast<F>(alpha),
-              hard, detach, v_seq, decay_input};
+              hard, detach, v_seq, decay_input, kCanStream && T * M * int64_t{sizeof(F)} >= kStreamMinBytes};
   if (kind == 1) {
     p.k = F(1) / static_cast<F>(tau);
     p.keep = static_cast<F>(1.0 - 1.0 / tau);
@@ -66,12 +70,12 @@ Params<F> MakeParams(int64_t T, int64_t M, int64_t kind, F k, double tau, bool h
 }
 
 template <typename F>
-using ForwardFn = void (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, F*, F*, F*);
+using ForwardFn = void (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, F*, F*, F*, F*);
 template <typename F>
 using RecomputeFn = void (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, F*, F*);
 template <typename F>
 using ReverseFn = F (*)(const Params<F>&, int64_t, int64_t, const F*, const F*, int64_t, const F*, const F*,
-                        const F*, F*, F*, F*, F*);
+                        const F*, F*, F*, F*, F*, F*, F*);
 
 template <typename F, bool HARD>
 ForwardFn<F> PickForward(int64_t charging) {
@@ -125,10 +129,9 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0, 
   const F *xd = x.typed_data(), *v0d = v0.typed_data();
   const int64_t v0_size = v0.dimensions().size() == 0 ? 1 : M;
   F *sd = s->typed_data(), *vd = v->typed_data();
-  ParallelChunks(pool, (M + chunk - 1) / chunk, [=](int64_t c) {
-    std::vector<F> scratch(chunk);
+  ParallelChunks<F>(pool, (M + chunk - 1) / chunk, 2 * chunk, [=](int64_t c, F* scratch) {
     const int64_t lo = c * chunk;
-    fn(p, lo, std::min(lo + chunk, M), xd, v0d, v0_size, sd, vd, scratch.data());
+    fn(p, lo, std::min(lo + chunk, M), xd, v0d, v0_size, sd, vd, scratch, scratch + chunk);
   });
   return ffi::Error::Success();
 }
@@ -152,12 +155,11 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0,
   F *dxd = dx->typed_data(), *dkd = dk->typed_data();
   F* dv0d = dv0->dimensions().size() == 0 ? nullptr : dv0->typed_data();
   if (dv0d == nullptr) dv0->typed_data()[0] = F(0);
-  ParallelChunks(pool, (M + chunk - 1) / chunk, [=](int64_t c) {
-    std::vector<F> scratch((T + 3) * chunk);
-    F *h = scratch.data(), *a = h + T * chunk, *b = a + chunk, *d = b + chunk;
+  ParallelChunks<F>(pool, (M + chunk - 1) / chunk, (T + 5) * chunk, [=](int64_t c, F* scratch) {
+    F *h = scratch, *a = h + T * chunk, *b = a + chunk, *d = b + chunk, *g = d + chunk, *row = g + chunk;
     const int64_t lo = c * chunk, hi = std::min(lo + chunk, M);
     recompute(p, lo, hi, xd, v0d, v0_size, h, a);
-    dkd[c] = reverse(p, lo, hi, xd, v0d, v0_size, h, dsd, dvd, dxd, dv0d, b, d);
+    dkd[c] = reverse(p, lo, hi, xd, v0d, v0_size, h, dsd, dvd, dxd, dv0d, b, d, g, row);
   });
   return ffi::Error::Success();
 }

@@ -163,7 +163,7 @@ IMPLS = ("auto", "xla", "pallas", "native")
 
 # ``auto`` picks the fused kernels of the backend: Pallas on a GPU (compiled there, jax 0.11.2 on an H100,
 # they matched this path bit for bit over every variant, ``python -m snnjax.pallas.check``, and ran LIF
-# forward + backward 2.6-3.2x faster) and the native C++ kernels on a CPU (same spikes as this path; see
+# forward + backward 3.1-3.3x faster) and the native C++ kernels on a CPU (same spikes as this path; see
 # ``snnjax.native``). Under a multi-device layout (a ``snnjax.parallel`` plan active while the step is
 # traced) ``auto`` keeps this path, which the SPMD partitioner shards like any elementwise op; an opaque
 # kernel call would have its operands gathered. Measurements: ``python -m snnjax.bench.neuron``, records

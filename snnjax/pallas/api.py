@@ -6,17 +6,20 @@ shape is flattened to ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PL
 
 What is stored between forward and backward, for every variant (IF / LIF / PLIF,
 hard / soft reset, detach or not, any surrogate): X itself (``[T, M]`` in the input
-dtype), V at the start of every chunk of ``K = options.time_chunk`` steps
-(``[ceil(T/K), M]``, V_init first) and ``w``; the backward recomputes H (and for PLIF
-V_{t-1}) chunk by chunk from them. Bytes moved per neuron-step, with b the input's
+dtype), V_init, V at the start of every later chunk of ``K = options.time_chunk`` steps
+(``[ceil(T/K) - 1, M]``) and ``w``; the backward recomputes H (and for PLIF V_{t-1})
+chunk by chunk from them. Bytes moved per neuron-step, with b the input's
 itemsize (4 float32, 2 bfloat16)::
 
     forward   read X, write S                        2b
     backward  read X, read dS, write dX              3b      total 5b: 20 B fp32, 10 B bf16
     return_v_seq adds a V write and a dV read in the state dtype (at least 4 B each)
 
-plus 8/K bytes for the checkpoints (written once, read once) and O(1/T) per-neuron terms
-(V_init read, V_T written, dV_T read, dV_init and PLIF's dk partial written). Storing H
+plus under 8/K bytes for the checkpoints (written once, read once) and O(1/T) per-neuron
+terms: V_T written, PLIF's dk partial written, and only where given, V_init read (twice)
+and dV_init written, and dV_T read. Without ``v_init`` every neuron starts from one value
+(a scalar, read from cache), and a zero cotangent of V_T arrives symbolic: at T = 4 these
+were a third of the minimum traffic. Storing H
 instead would cost 24 B fp32 / 16 B bf16 (write H in the forward, read it instead of X
 in the backward, H being in the float32 state dtype), and hold an fp32 residual where X
 may be bf16; no variant needs it: PLIF's ``dH/dk = X - (V_{t-1} - v_r)`` (or
@@ -30,6 +33,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import functional as F
 from snnjax.pallas.backward import backward
@@ -68,9 +72,12 @@ def multistep(cfg: F.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype, options)
     if reason is not None:
         raise ValueError(f"the Pallas neuron kernels cannot run this call: {reason}; use impl='xla'")
-    v0 = F._broadcast_state(cfg, x_seq, v_init)
+    if v_init is None:  # one start for every neuron: no [M] array read, no dV_init written
+        v0 = jnp.full((), cfg.vr, F.state_dtype(x_seq.dtype))
+    else:
+        v0 = F._broadcast_state(cfg, x_seq, v_init).reshape(-1)
     T, trailing = x_seq.shape[0], x_seq.shape[1:]
-    s, v = _fused(cfg, return_v_seq, options, x_seq.reshape(T, -1), v0.reshape(-1), w)
+    s, v = _fused(cfg, return_v_seq, options, x_seq.reshape(T, -1), v0, w)
     return s.reshape(x_seq.shape), v.reshape(x_seq.shape if return_v_seq else trailing)
 
 
@@ -85,20 +92,26 @@ def _decay_row(cfg, opts, w, m, sdt, backward):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _fused(cfg, return_v_seq, opts, x, v0, w):
     k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False)
-    return forward(cfg, return_v_seq, opts, x, v0, k_row, checkpoints=False)
+    return forward(cfg, return_v_seq, opts, x, v0, k_row, checkpoints=False)[:2]
 
 
 def _fused_fwd(cfg, return_v_seq, opts, x, v0, w):
+    # symbolic_zeros=True wraps each array argument in a CustomVJPPrimal (None stays None).
+    x, v0, w = (p.value if isinstance(p, CustomVJPPrimal) else p for p in (x, v0, w))
     k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, False)
     s, v, ck = forward(cfg, return_v_seq, opts, x, v0, k_row, checkpoints=True)
-    return (s, v), (x, ck, w)
+    return (s, v), (x, ck, v0, w)
 
 
 def _fused_bwd(cfg, return_v_seq, opts, res, cts):
-    x, ck, w = res
+    x, ck, v0, w = res
     ds, dv = cts
-    k_row = _decay_row(cfg, opts, w, x.shape[1], ck.dtype, True)
-    dx, dv0, dk = backward(cfg, return_v_seq, opts, x, ck, k_row, ds, dv.astype(ck.dtype))
+    # Zero cotangents arrive symbolic: an unused final V (the usual case) is not read.
+    ds = jnp.zeros_like(x) if isinstance(ds, SymbolicZero) else ds
+    dv = None if isinstance(dv, SymbolicZero) else dv.astype(v0.dtype)
+    k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, True)
+    dx, dv0, dk = backward(cfg, return_v_seq, opts, x, ck, v0, k_row, ds, dv)
+    dv0 = jnp.zeros((), v0.dtype) if dv0 is None else dv0  # a shared start is a constant
     dw = None
     if cfg.kind == "PLIF":
         k = F.decay_rate(cfg, w)  # in w's dtype, as the XLA path's backward
@@ -106,4 +119,4 @@ def _fused_bwd(cfg, return_v_seq, opts, res, cts):
     return dx, dv0, dw
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+_fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
