@@ -1,4 +1,5 @@
-"""Hypothesis strategies shared by the neuron tests."""
+"""Hypothesis strategies shared by the neuron tests, and the arrays of one drawn problem."""
+import numpy as np
 from hypothesis import strategies as st
 
 from snnjax.neurons import functional as F
@@ -23,3 +24,20 @@ NEURON_CONFIGS = st.builds(
     detach_reset=st.booleans(),
     surrogate=SURROGATES,
 )
+
+
+def problem_arrays(cfg: F.NeuronConfig, T: int, shape: tuple, dtype, return_v_seq: bool, v_init_ndim, seed: int):
+    """``(x, v_init, w, ct_s, ct_v)`` in ``dtype`` for a drawn neuron problem.
+
+    X lies around the threshold so that every example fires and resets a good deal;
+    ``v_init`` is None or a state of the trailing shape's last ``v_init_ndim`` dimensions.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.6 * cfg.v_threshold, 0.8, (T, *shape)).astype(dtype)
+    v_init = None
+    if v_init_ndim is not None:
+        v_init = (cfg.vr + rng.normal(0.0, 0.5, shape[len(shape) - v_init_ndim:])).astype(dtype)
+    w = np.asarray(rng.uniform(-2.0, 2.0), dtype) if cfg.kind == "PLIF" else None
+    ct_s = rng.normal(size=(T, *shape)).astype(dtype)
+    ct_v = rng.normal(size=(T, *shape) if return_v_seq else shape).astype(dtype)
+    return x, v_init, w, ct_s, ct_v

@@ -36,7 +36,7 @@ from snnjax.neurons import functional as F
 from snnjax.neurons import surrogate as sg
 from snnjax.pallas.check import rel_error
 from snnjax.parallel import logical
-from strategies import NEURON_CONFIGS
+from strategies import NEURON_CONFIGS, problem_arrays
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 tests turn x64 on for themselves
 RTOL = {"float64": 1e-10, "float32": 1e-5}
@@ -99,14 +99,7 @@ def _problems(draw):
 @given(_problems())
 def test_native_equals_xla(x64, problem):  # x64 stays on for all examples
     cfg, T, shape, dtype, return_v_seq, v_init_ndim, seed = problem
-    rng = np.random.default_rng(seed)
-    x = rng.normal(0.6 * cfg.v_threshold, 0.8, (T, *shape)).astype(dtype)  # around the threshold
-    v_init = None
-    if v_init_ndim is not None:
-        v_init = (cfg.vr + rng.normal(0.0, 0.5, shape[len(shape) - v_init_ndim:])).astype(dtype)
-    w = np.asarray(rng.uniform(-2.0, 2.0), dtype) if cfg.kind == "PLIF" else None
-    ct_s = rng.normal(size=(T, *shape)).astype(dtype)
-    ct_v = rng.normal(size=(T, *shape) if return_v_seq else shape).astype(dtype)
+    x, v_init, w, ct_s, ct_v = problem_arrays(cfg, T, shape, dtype, return_v_seq, v_init_ndim, seed)
     rtol_w = 1e-10 if dtype == "float64" else 1e-4
     assert_matches_xla(cfg, return_v_seq, x, v_init, w, ct_s, ct_v, RTOL[dtype], rtol_w)
 

@@ -132,11 +132,7 @@ def _fused_bwd(cfg, return_v_seq, res, cts):
                              jax.ShapeDtypeStruct((chunks,), x.dtype)))
     dx, dv0, dk = call(x, v0, _k(cfg, w, x.dtype), ds.astype(x.dtype), dv,
                        surrogate=np.int64(_SURROGATE_IDS[type(cfg.surrogate)]), **attrs)
-    dw = None
-    if cfg.kind == "PLIF":
-        k = F.decay_rate(cfg, w)  # in w's dtype, as the XLA path's backward
-        dw = (jnp.sum(dk) * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
-    return dx, dv0, dw
+    return dx, dv0, (F.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)

@@ -87,6 +87,14 @@ def decay_rate(cfg: NeuronConfig, w: jax.Array | None):
     return jax.nn.sigmoid(w)
 
 
+def plif_dw(cfg: NeuronConfig, w: jax.Array, dk) -> jax.Array | None:
+    """PLIF's dL/dw from dL/dk (k = sigmoid(w)), in w's dtype and shape; None for IF / LIF."""
+    if cfg.kind != "PLIF":
+        return None
+    k = decay_rate(cfg, w)
+    return (dk * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
+
+
 def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None, *, k=None) -> jax.Array:
     """H from the previous state V and input X (SpikingJelly's exact operation order).
 
@@ -307,10 +315,7 @@ def _bwd(cfg, return_v_seq, res, cts):
 
     dv_start = jnp.zeros_like(v0) if return_v_seq else dv_out.astype(sdt)
     (dv0, dk), dx_seq = jax.lax.scan(body, (dv_start, jnp.zeros((), sdt)), xs, reverse=True)
-    dw = None
-    if plif:
-        dw = (dk * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
-    return dx_seq, dv0, dw
+    return dx_seq, dv0, plif_dw(cfg, w, dk)
 
 
 _multistep.defvjp(_forward, _bwd)

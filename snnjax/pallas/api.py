@@ -112,11 +112,7 @@ def _fused_bwd(cfg, return_v_seq, opts, res, cts):
     k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, True)
     dx, dv0, dk = backward(cfg, return_v_seq, opts, x, ck, v0, k_row, ds, dv)
     dv0 = jnp.zeros((), v0.dtype) if dv0 is None else dv0  # a shared start is a constant
-    dw = None
-    if cfg.kind == "PLIF":
-        k = F.decay_rate(cfg, w)  # in w's dtype, as the XLA path's backward
-        dw = (jnp.sum(dk) * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
-    return dx, dv0, dw
+    return dx, dv0, (F.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
