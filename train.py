@@ -19,18 +19,20 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     config = FLAGS.config
-    from snnjax import hostmem
+    # Imported here, not at the top: a bad flag fails before JAX loads, and malloc is set before JAX allocates.
+    from snnjax import hostmem  # noqa: PLC0415
 
     hostmem.keep_freed_memory()  # reuse freed step buffers instead of re-faulting their pages each step
-    import jax
+    import jax  # noqa: PLC0415
 
     if config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    from snnjax.train import config as config_lib
-    from snnjax.train.checkpoint import CheckpointError
-    from snnjax.train.loop import train_and_evaluate
+    from snnjax.train import config as config_lib  # noqa: PLC0415
+    from snnjax.train.checkpoint import CheckpointError  # noqa: PLC0415
+    from snnjax.train.loop import train_and_evaluate  # noqa: PLC0415
 
-    workdir = FLAGS.workdir or str(pathlib.Path("runs") / pathlib.Path(config_flags.get_config_filename(FLAGS["config"])).stem)
+    config_name = pathlib.Path(config_flags.get_config_filename(FLAGS["config"])).stem
+    workdir = FLAGS.workdir or str(pathlib.Path("runs") / config_name)
     try:
         config_lib.validate(config)
         summary = train_and_evaluate(config, workdir)

@@ -22,6 +22,7 @@ from flax import nnx  # noqa: E402
 
 from snnjax import parallel  # noqa: E402
 from snnjax.models import Spikformer  # noqa: E402
+from snnjax.train import apply_plan  # noqa: E402
 from snnjax.train.step import StepConfig, TrainState, split_model  # noqa: E402
 
 print(jax.device_count(), "devices:", jax.devices()[0].platform)
@@ -59,7 +60,7 @@ tx = optax.adam(1e-3)
 state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                    opt_state=tx.init(params))
 cfg = StepConfig(seed=0, time_steps=2, encoder=None)
-state, step = parallel.apply(plan, state, cfg, graphdef, tx)
+state, step = apply_plan(plan, state, cfg, graphdef, tx)
 print(parallel.describe_shardings(state.params, title="parameters as placed:"))
 
 # %% [markdown]

@@ -10,20 +10,67 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import pathlib  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-REFERENCE_DIR = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+REFERENCE_DIR = pathlib.Path(__file__).resolve().parent / "fixtures" / "spikingjelly"
+NEURON_ARRAYS = ("x", "spikes", "v_seq", "grad_spikes", "grad_x")  # every neuron case has these
 
 
 @pytest.fixture(scope="session")
 def reference_dir() -> pathlib.Path:
-    """The SpikingJelly golden data folder (``../shared/reference`` beside the checkout)."""
-    if not (REFERENCE_DIR / "neurons.npz").exists():
-        pytest.fail(f"SpikingJelly reference data not found at {REFERENCE_DIR}")
+    """The SpikingJelly golden data shipped with the tests (``tests/fixtures/spikingjelly``)."""
     return REFERENCE_DIR
+
+
+def _case_id(i: int, case: dict) -> str:
+    parts = [f"case{i:03d}", case.get("kind", "?")]
+    if "tau" in case:
+        parts.append(f"tau{case['tau']}")
+    if "init_tau" in case:
+        parts.append(f"itau{case['init_tau']}")
+    if case.get("kind") in ("LIF", "PLIF"):
+        parts.append("di" if case.get("decay_input", True) else "nodi")
+    v_reset = case.get("v_reset", 0.0)
+    parts.append("soft" if v_reset is None else f"hard{v_reset}")
+    parts.append("detach" if case.get("detach_reset", False) else "nodetach")
+    parts.append(str(case.get("surrogate", "sigmoid4")))
+    parts.append(f"th{case.get('v_threshold', 1.0)}")
+    return "-".join(parts)
+
+
+def pytest_generate_tests(metafunc):
+    """Run every test that takes ``neuron_case`` once per case of ``neurons.json``."""
+    if "neuron_case" in metafunc.fixturenames:
+        cases = json.loads((REFERENCE_DIR / "neurons.json").read_text())
+        metafunc.parametrize("neuron_case", range(len(cases)), indirect=True,
+                             ids=[_case_id(i, c) for i, c in enumerate(cases)])
+
+
+@pytest.fixture(scope="session")
+def neuron_reference() -> tuple[list[dict], dict]:
+    """``(cases of neurons.json, every array of neurons.npz)``, read once."""
+    from snnjax.interop import check  # noqa: PLC0415 (jax is configured above; only reference tests need it)
+
+    cases, arrays = check.load(REFERENCE_DIR / "neurons.npz")
+    with arrays:
+        return cases, dict(arrays)
+
+
+@pytest.fixture
+def neuron_case(request, neuron_reference) -> tuple[dict, dict]:
+    """``(case, arrays)`` of one SpikingJelly neuron case; arrays are float64 ``[T, N, C]`` (PLIF's ``w`` a scalar)."""
+    from snnjax.interop import check  # noqa: PLC0415 (as above)
+
+    cases, arrays = neuron_reference
+    i = request.param
+    case_arrays = check.case_arrays(arrays, f"case{i:03d}/")
+    missing = set(NEURON_ARRAYS) - set(case_arrays)
+    assert not missing, f"case {i}: arrays {sorted(missing)} missing from neurons.npz"
+    return cases[i], case_arrays
 
 
 @contextlib.contextmanager

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from snnjax import neurons as F
 from snnjax.bench import neuron as bench
-from snnjax.neurons import functional as F
 from snnjax.pallas import check
 
 

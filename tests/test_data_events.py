@@ -14,7 +14,6 @@ from snnjax.data.cifar10dvs import CIFAR10DVS_CLASS_NAMES, aedat_header_length, 
 from snnjax.data.nmnist import read_nmnist_bin
 from snnjax.data.registry import get_source
 
-
 # ----------------------------------------------------------------------------- helpers
 
 def random_events(rng, n, height, width, t_max=(1 << 23) - 1):
@@ -25,7 +24,7 @@ def random_events(rng, n, height, width, t_max=(1 << 23) - 1):
 def nmnist_bytes(t, x, y, p):
     """One 40-bit record per event: x, y, polarity bit + 23-bit timestamp (big-endian)."""
     out = bytearray()
-    for ti, xi, yi, pi in zip(t.tolist(), x.tolist(), y.tolist(), p.tolist()):
+    for ti, xi, yi, pi in zip(t.tolist(), x.tolist(), y.tolist(), p.tolist(), strict=True):
         out += bytes([xi, yi, (pi << 7) | (ti >> 16), (ti >> 8) & 0xFF, ti & 0xFF])
     return bytes(out)
 
@@ -41,7 +40,7 @@ def aedat_bytes(t, x_raw, y_raw, pol, junk_bits):
     """Header + big-endian (address, timestamp) pairs; ``junk_bits`` set bits the decoder must ignore."""
     out = bytearray(AEDAT_HEADER)
     for ti, xi, yi, pi, ji in zip(t.tolist(), x_raw.tolist(), y_raw.tolist(), pol.tolist(),
-                                  junk_bits.tolist()):
+                                  junk_bits.tolist(), strict=True):
         out += struct.pack(">II", (yi << 8) | (xi << 1) | pi | ji, ti)
     return bytes(out)
 
@@ -137,7 +136,7 @@ def test_nmnist_decoding_roundtrip(tmp_path):
     path = tmp_path / "a.bin"
     path.write_bytes(nmnist_bytes(t, x, y, p))
     got = read_nmnist_bin(path)
-    for field, want in zip(got, (t, x, y, p)):
+    for field, want in zip(got, (t, x, y, p), strict=True):
         np.testing.assert_array_equal(field, want)
 
 

@@ -1,8 +1,10 @@
 """The deterministic per-process batcher and its prefetch thread."""
 import itertools
 
+import jax
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from snnjax.data.loader import Loader
 from snnjax.data.prefetch import prefetch
@@ -74,7 +76,7 @@ def test_start_step_resumes_exactly_without_reading_skipped_data():
     resumed = make(seed=7, prefetch=0)
     tail = epoch_ids(resumed, 2, start_step=4)
     assert len(tail) == 2
-    for got, want in zip(tail, whole[4:]):
+    for got, want in zip(tail, whole[4:], strict=True):
         np.testing.assert_array_equal(got, want)
     assert sorted(resumed.source.reads) == sorted(np.concatenate(whole[4:]).tolist())
     assert epoch_ids(resumed, 2, start_step=6) == []
@@ -86,7 +88,7 @@ def test_endless_batches_cross_epochs_from_a_global_step():
     loader = make(30, 8, seed=5)  # 3 steps per epoch
     want = [ids(b) for e in range(3) for b in loader.epoch_batches(e)]
     got = [ids(b) for b in itertools.islice(loader.batches(start_step=2), 7)]
-    for g, w in zip(got, want[2:9]):
+    for g, w in zip(got, want[2:9], strict=True):
         np.testing.assert_array_equal(g, w)
 
 
@@ -97,16 +99,16 @@ def test_process_slices_partition_the_global_batch(drop_remainder):
     for count in (2, 4, 8):
         loaders = [make(n, gbs, seed=9, drop_remainder=drop_remainder, process_index=k,
                         process_count=count) for k in range(count)]
-        assert all(l.steps_per_epoch == single.steps_per_epoch for l in loaders)
-        assert all(l.local_batch_size == gbs // count for l in loaders)
-        per_process = [list(l.epoch_batches(1)) for l in loaders]
+        assert all(loader.steps_per_epoch == single.steps_per_epoch for loader in loaders)
+        assert all(loader.local_batch_size == gbs // count for loader in loaders)
+        per_process = [list(loader.epoch_batches(1)) for loader in loaders]
         for step, whole in enumerate(single.epoch_batches(1)):
             parts = [batches[step] for batches in per_process]
             for key in ("inputs", "labels", "mask"):
                 np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
         # Each process read only its own slices.
         if drop_remainder:
-            reads = [set(l.source.reads) for l in loaders]
+            reads = [set(loader.source.reads) for loader in loaders]
             assert all(not reads[i] & reads[j] for i in range(count) for j in range(i + 1, count))
 
 
@@ -161,8 +163,6 @@ def test_prefetch_keeps_order_and_propagates_errors():
 
 
 def test_batches_become_global_arrays_over_8_devices():
-    import jax
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     loader = Loader(IndexSource(64, time_steps=3), 16, seed=0, process_index=0, process_count=1)

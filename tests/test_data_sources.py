@@ -1,20 +1,20 @@
 """Image sources (digits, TFDS through mock data), the synthetic DVS source, the registry, encoders."""
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 
 from snnjax.data import encoders
 from snnjax.data.digits import digits_split_indices
 from snnjax.data.loader import Loader
-from snnjax.data.registry import SOURCE_NAMES, get_source
-
+from snnjax.data.registry import DATASETS, SOURCE_NAMES, get_source
 
 # ----------------------------------------------------------------------------- digits
 
 def test_digits_split_is_stratified_disjoint_and_scaled():
-    from sklearn.datasets import load_digits
-
     labels = load_digits().target
     train = digits_split_indices(labels, "train")
     test = digits_split_indices(labels, "test")
@@ -41,7 +41,7 @@ def test_digits_split_is_stratified_disjoint_and_scaled():
 
 @pytest.mark.parametrize("name,shape", [("mnist", (28, 28, 1)), ("cifar10", (32, 32, 3))])
 def test_tfds_source_with_mock_data(tmp_path, name, shape):
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # noqa: PLC0415 (slow to import; only these tests use it)
 
     with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
         src = get_source(name, "train", data_dir=tmp_path)
@@ -102,8 +102,21 @@ def test_registry_errors():
         assert name in str(info.value)
     with pytest.raises(ValueError, match="data_dir"):
         get_source("digits", "train", data_dir="/somewhere")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=r"no option\(s\) \['no_such_option'\]; its options: \['noise_rate'"):
         get_source("synthetic_dvs", "train", no_such_option=1)
+
+
+@pytest.mark.parametrize("name", SOURCE_NAMES)
+def test_registry_entry_matches_its_factory(name):
+    """What an entry declares (data_dir, time_steps, option types) is what its factory takes."""
+    entry = DATASETS[name]
+    params = inspect.signature(entry.make).parameters
+    assert ("data_dir" in params) == entry.reads_files
+    assert ("time_steps" in params) == entry.events
+    assert set(params) - {"self", "split", "data_dir", "time_steps"} == set(entry.options)
+    for key, kind in entry.options.items():
+        default = params[key].default
+        assert default is None or isinstance(default, kind), (key, default, kind)
 
 
 # ----------------------------------------------------------------------------- encoders

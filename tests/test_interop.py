@@ -1,25 +1,35 @@
-"""SpikingJelly interop: reference-file checker (any file in the format) and weight import."""
+"""SpikingJelly interop: the reference-file checker and its command line (any file in the format), and weight import.
+
+- ``python -m snnjax.interop check`` passes every shipped neuron case, reads any file in the
+  format, reports a flipped spike and missing files.
+- Both shipped model cases (VGG, Spikformer) with their neurons on ``xla`` (the path of every
+  multi-device layout) and ``native`` (``auto`` on one CPU device): eval / train logits, loss,
+  every parameter gradient and the BatchNorm statistics after the step.
+- Weight import converts layouts and names what is wrong.
+"""
+from __future__ import annotations
+
 import json
 import pathlib
 import subprocess
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from snnjax.interop import fixtures
+from snnjax.interop import check
 from snnjax.interop.spikingjelly import import_state_dict
 from snnjax.models import CIFAR10DVSVGG, Spikformer
-from snnjax.neurons import functional as F
+from snnjax.neurons.compare import REFERENCE, run_vjp
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "models.npz"
 
 
 def run_check(path) -> tuple[int, list[dict]]:
-    proc = subprocess.run([sys.executable, "-m", "snnjax.interop.spikingjelly", "check", str(path)],
+    """``python -m snnjax.interop check PATH``: its exit code and JSON lines (a subprocess: x64 is process-wide)."""
+    proc = subprocess.run([sys.executable, "-m", "snnjax.interop", "check", str(path)],
                           capture_output=True, text=True, timeout=900)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc.returncode, lines
@@ -32,10 +42,11 @@ def test_cli_passes_every_shipped_neuron_case(reference_dir):
     assert all(line["ok"] and line["spike_mismatches"] == 0 for line in lines[:-1])
 
 
-def test_models_match_spikingjelly(x64):
+@pytest.mark.parametrize("impl", ["xla", "native"])
+def test_models_match_spikingjelly(impl, x64):
     """Both models: eval/train logits, loss, every parameter gradient, BN statistics after the step."""
-    cases, arrays = fixtures.load(FIXTURE)
-    results = dict(fixtures.iter_cases(cases, arrays))
+    cases, arrays = check.load(FIXTURE)
+    results = dict(check.iter_cases(cases, arrays, impl))
     assert set(results) == {"vgg", "spikformer"}
     for name, r in results.items():
         assert r["ok"], (name, r)
@@ -47,16 +58,11 @@ def _write_neuron_file(path: pathlib.Path, cases, rng, T=3, shape=(2, 5, 4)):
     """A reference file in the shipped format, other shapes/surrogates, values from the autodiff reference."""
     arrays = {}
     for i, case in enumerate(cases):
-        cfg = fixtures.neuron_config(case)
+        cfg = check.neuron_config(case)
         x = rng.normal(0.4, 1.2, (T,) + shape)
         gy = rng.normal(size=(T,) + shape)
-        w = np.asarray(-np.log(case.get("init_tau", 2.0) - 1.0)) if cfg.kind == "PLIF" else None
-
-        def loss(x, w):
-            s, v = F.multistep_reference(cfg, x, None, w, return_v_seq=True)
-            return jnp.sum(s * gy), (s, v)
-
-        (_, (s, v)), (gx, gw) = jax.value_and_grad(loss, (0, 1), has_aux=True)(jnp.asarray(x), w)
+        w = check.plif_w(case, {}) if cfg.kind == "PLIF" else None  # SpikingJelly's initial w
+        (s, v), (gx, _, gw) = run_vjp(REFERENCE, cfg, True, x, None, w, gy, np.zeros_like(x))
         p = f"case{i:03d}/"
         arrays.update({p + "x": x, p + "grad_spikes": gy, p + "spikes": np.asarray(s), p + "v_seq": np.asarray(v),
                        p + "grad_x": np.asarray(gx)})
@@ -78,7 +84,7 @@ def test_checker_reads_any_file_in_the_format_and_detects_a_flipped_spike(tmp_pa
     path = tmp_path / "mine.npz"
     arrays = _write_neuron_file(path, cases, np.random.default_rng(0))
     code, lines = run_check(path)
-    assert code == 0 and lines[-1] == {"cases": 3, "failed": 0}
+    assert code == 0 and lines[-1] == {"cases": 3, "failed": 0}, lines
 
     flip = np.array(arrays["case001/spikes"])
     flip.flat[np.argmax(flip.ravel() == 0)] = 1.0
@@ -93,9 +99,9 @@ def test_checker_reports_missing_files(tmp_path):
     assert code == 2 and "not found" in lines[0]["error"]
 
 
-def _vgg_state_dict():
-    arrays = np.load(FIXTURE)
-    return {k[len("vgg/init/"):]: arrays[k] for k in arrays.files if k.startswith("vgg/init/")}
+def _init_state_dict(model: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURE) as arrays:
+        return check.case_arrays(arrays, f"{model}/init/")
 
 
 def _small_vgg():
@@ -103,11 +109,11 @@ def _small_vgg():
 
 
 def test_import_converts_layouts():
-    sd = _vgg_state_dict()
+    sd = _init_state_dict("vgg")
     model = _small_vgg()
     import_state_dict(model, sd)
-    np.testing.assert_allclose(model.features[0].conv.kernel[...], sd["features.0.proj_bn.0.weight"].transpose(2, 3, 1, 0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(model.features[0].conv.kernel[...],
+                               sd["features.0.proj_bn.0.weight"].transpose(2, 3, 1, 0), rtol=1e-6)
     assert model.features[2].conv.kernel[...].shape == (3, 3, 16, 32)  # pooled block: conv is proj_bn.1
     assert model.features[0].conv.kernel[...].dtype == jnp.float32  # cast to the model's dtype
     # classifier: torch flattens [C, H, W]; ours is [H, W, C]
@@ -116,7 +122,7 @@ def test_import_converts_layouts():
 
 
 def test_import_errors_name_the_problem():
-    sd = _vgg_state_dict()
+    sd = _init_state_dict("vgg")
     with pytest.raises(KeyError, match="no counterpart"):
         import_state_dict(_small_vgg(), {**sd, "features.9.proj_bn.0.weight": np.zeros((1,))})
     with pytest.raises(KeyError, match="does not provide"):
@@ -129,8 +135,7 @@ def test_import_errors_name_the_problem():
 
 
 def test_spikformer_import_covers_every_variable():
-    arrays = np.load(FIXTURE)
-    sd = {k[len("spikformer/init/"):]: arrays[k] for k in arrays.files if k.startswith("spikformer/init/")}
+    sd = _init_state_dict("spikformer")
     model = Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2, rngs=nnx.Rngs(0))
     import_state_dict(model, sd)
     np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],  # [D, 3D] split as [D, 3, heads, head_dim]

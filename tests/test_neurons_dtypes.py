@@ -4,23 +4,22 @@
   come back in the input dtype; PLIF's dw in w's dtype.
 - A bfloat16 run is the float32 run of the same (exactly upcast) input: the state
   is float32 in both, so spikes and v agree exactly and dx to bfloat16 rounding.
-- float32 custom-vjp ``multistep`` agrees with autodiff ``multistep_reference``.
+- float32 ``multistep`` (``impl="auto"``, what a model gets) agrees with autodiff ``multistep_reference``.
 - Each surrogate's ``grad`` is the derivative of its ``primitive``; ``spike`` is the
   Heaviside step with value 1 at 0 and the surrogate derivative as its JVP.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from neuron_checks import low_precision_problem
 
-from snnjax.neurons import functional as F
+from snnjax import neurons as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
-
+from snnjax.neurons.compare import REFERENCE, rel_error, run_vjp
 
 pytestmark = pytest.mark.usefixtures("x32_module")
 
@@ -32,40 +31,17 @@ CONFIGS = {
     "PLIF-soft": F.NeuronConfig(kind="PLIF", v_reset=None),
     "PLIF-hard-nodi": F.NeuronConfig(kind="PLIF", decay_input=False, surrogate=sg.SoftSign()),
 }
-IMPLS = {"custom_vjp": F.multistep, "autodiff": F.multistep_reference}
+IMPLS = ("auto", REFERENCE)  # auto: native on one CPU device; every impl is held to XLA in test_neuron_impls.py
 SHAPE = (6, 4, 33)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _run(impl, cfg, return_v_seq, x, v_init, w, ct_spikes, ct_v):
-    fn = IMPLS[impl]
-    out, vjp = jax.vjp(lambda x, v, w: fn(cfg, x, v, w, return_v_seq=return_v_seq), x, v_init, w)
-    return out, vjp((ct_spikes, ct_v))
-
-
-def _problem(cfg, dtype, return_v_seq, seed=0):
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.normal(0.6, 0.8, SHAPE), dtype)
-    v_init = jnp.asarray(rng.normal(0.0, 0.5, SHAPE[1:]), jnp.float32)
-    w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
-    ct_s = jnp.asarray(rng.normal(size=SHAPE), dtype)
-    ct_v = jnp.asarray(rng.normal(size=SHAPE if return_v_seq else SHAPE[1:]), jnp.float32)
-    return x, v_init, w, ct_s, ct_v
-
-
-def _rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    denom = max(np.linalg.norm(want), np.linalg.norm(got))
-    return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
-
-
-@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_output_and_gradient_dtypes(name, dtype, impl):
     cfg = CONFIGS[name]
-    x, v_init, w, ct_s, ct_v = _problem(cfg, dtype, return_v_seq=True)
-    (s, v), (dx, dv, dw) = _run(impl, cfg, True, x, v_init, w, ct_s, ct_v)
+    x, v_init, w, ct_s, ct_v = low_precision_problem(cfg, SHAPE, dtype, return_v_seq=True)
+    (s, v), (dx, dv, dw) = run_vjp(impl, cfg, True, x, v_init, w, ct_s, ct_v)
     assert s.dtype == dtype and s.shape == SHAPE
     assert v.dtype == jnp.float32 and v.shape == SHAPE
     assert dx.dtype == dtype and dx.shape == SHAPE
@@ -79,10 +55,10 @@ def test_output_and_gradient_dtypes(name, dtype, impl):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_bfloat16_run_is_the_float32_run_of_the_same_input(name):
     cfg = CONFIGS[name]
-    x, v_init, w, ct_s, ct_v = _problem(cfg, jnp.bfloat16, return_v_seq=True, seed=1)  # compiles reused
-    (s16, v16), (dx16, _, _) = _run("custom_vjp", cfg, True, x, v_init, w, ct_s, ct_v)
-    (s32, v32), (dx32, _, _) = _run(
-        "custom_vjp", cfg, True, x.astype(jnp.float32), v_init, w, ct_s.astype(jnp.float32), ct_v)
+    x, v_init, w, ct_s, ct_v = low_precision_problem(cfg, SHAPE, jnp.bfloat16, True, seed=1)  # compiles reused
+    (s16, v16), (dx16, _, _) = run_vjp("auto", cfg, True, x, v_init, w, ct_s, ct_v)
+    (s32, v32), (dx32, _, _) = run_vjp(
+        "auto", cfg, True, x.astype(jnp.float32), v_init, w, ct_s.astype(jnp.float32), ct_v)
     np.testing.assert_array_equal(np.asarray(s16, np.float32), np.asarray(s32))
     np.testing.assert_array_equal(np.asarray(v16), np.asarray(v32))
     np.testing.assert_array_equal(np.asarray(dx16, np.float32), np.asarray(dx32.astype(jnp.bfloat16), np.float32))
@@ -94,21 +70,21 @@ def test_float32_custom_vjp_agrees_with_autodiff(name, return_v_seq):
     cfg = CONFIGS[name]
     # Same shapes and seed as the dtype test, so the return_v_seq=True compiles are reused;
     # the v_last variant starts from the default state (v_init=None).
-    x, v_init, w, ct_s, ct_v = _problem(cfg, jnp.float32, return_v_seq)
+    x, v_init, w, ct_s, ct_v = low_precision_problem(cfg, SHAPE, jnp.float32, return_v_seq)
     if not return_v_seq:
         v_init = None
-    (s_c, v_c), g_c = _run("custom_vjp", cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
-    (s_r, v_r), g_r = _run("autodiff", cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
+    (s_c, v_c), g_c = run_vjp("auto", cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
+    (s_r, v_r), g_r = run_vjp(REFERENCE, cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
     # Loose: in float32 a 1-ulp difference could flip a spike, which moves gradients locally.
     assert float(jnp.mean(s_c != s_r)) <= 1e-3
     assert v_c.dtype == v_r.dtype == jnp.float32
     assert v_c.shape == (SHAPE if return_v_seq else SHAPE[1:])
     np.testing.assert_allclose(np.asarray(v_c), np.asarray(v_r), rtol=1e-4, atol=1e-4)
-    for what, gc, gr in zip(("dx", "dv_init", "dw"), g_c, g_r):
+    for what, gc, gr in zip(("dx", "dv_init", "dw"), g_c, g_r, strict=True):
         assert (gc is None) == (gr is None), what
         if gr is not None:
             assert gc.dtype == gr.dtype, what
-            assert _rel(gc, gr) < 1e-4, what
+            assert rel_error(gc, gr) < 1e-4, what
 
 
 def test_single_step_module_dtypes():

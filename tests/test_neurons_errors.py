@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from snnjax.neurons import functional as F
+from snnjax import neurons as F
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
 
@@ -45,3 +45,12 @@ def test_unknown_surrogate_name():
 def test_plif_without_w(fn):
     with pytest.raises(ValueError, match=r"PLIF.*\bw\b"):
         fn(F.NeuronConfig(kind="PLIF"), jnp.ones((2, 3)))
+
+
+def test_plif_nonscalar_w_is_rejected():
+    """One learned time constant per layer: a per-channel w would get a summed (wrong) gradient, so it is refused."""
+    cfg = F.NeuronConfig(kind="PLIF", v_reset=None)
+    x = jnp.ones((5, 3, 4))
+    for fn in (F.multistep, F.multistep_reference):
+        with pytest.raises(ValueError, match="must be a scalar"):
+            fn(cfg, x, None, jnp.zeros((4,)))

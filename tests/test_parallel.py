@@ -1,19 +1,25 @@
 """Parallel plans: logical names, rule tables, the divisibility fallback, auto mode, reports, errors, training."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from snnjax import parallel
+from snnjax.layers import BatchNorm
+from snnjax.layers.pooling import _max_pool, _max_pool_split
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules
+from snnjax.train import train_and_evaluate
 
 
 def abstract(fn):
@@ -166,7 +172,6 @@ def test_invalid_sizes_say_what_to_change():
 
 
 def test_split_max_pool_backward_picks_the_first_maximum_like_select_and_scatter():
-    from snnjax.layers.pooling import _max_pool, _max_pool_split
 
     x = jnp.round(jax.random.normal(jax.random.key(0), (2, 3, 9, 9, 4)) * 1.5)  # many ties
     g = jax.random.normal(jax.random.key(1), _max_pool(x, 3, 2, 1).shape)
@@ -176,7 +181,6 @@ def test_split_max_pool_backward_picks_the_first_maximum_like_select_and_scatter
 
 
 def test_batchnorm_over_several_channel_dims_equals_flat_channels():
-    from snnjax.layers import BatchNorm
 
     @jax.jit
     def run(x):
@@ -189,7 +193,6 @@ def test_batchnorm_over_several_channel_dims_equals_flat_channels():
 
 
 def test_collective_stats_counts_loop_trips_and_sliced_all_reduces():
-    from jax.sharding import NamedSharding
 
     mesh = mesh_lib.make_mesh("data=4,tensor=2")
 
@@ -212,10 +215,7 @@ def test_collective_stats_counts_loop_trips_and_sliced_all_reduces():
 
 
 def test_training_prints_and_records_the_step_cost(tmp_path, capsys):
-    import importlib.util
-    import pathlib
 
-    from snnjax.train import train_and_evaluate
 
     spec = importlib.util.spec_from_file_location(
         "digits_config", pathlib.Path(__file__).resolve().parents[1] / "configs" / "digits.py")

@@ -5,6 +5,10 @@ step must give the single-device loss and gradients, and three Adam steps the sa
 parameters and BatchNorm statistics (relative error <= 1e-9). One compiled step per
 (model, mode) serves both checks and the HLO assertions.
 
+The neurons run as the models build them (``impl="auto"``): the fused native kernels, on
+one device as they are and under every layout through ``snnjax.neurons.sharded``, per
+device on its shard; each compiled step must contain them (``neuron_kernels`` below).
+
 Errors are normwise relative, ``||a - b|| / ||b||``. A conv / linear bias followed by
 train-mode BatchNorm has an analytically zero gradient: both sides are rounding noise
 there (and Adam turns that noise into ~1e-11 parameter moves), so gradients are
@@ -13,7 +17,9 @@ vector.
 """
 from __future__ import annotations
 
+import collections
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +31,7 @@ from flax import nnx
 from snnjax import parallel
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.train import apply_plan
 from snnjax.train.step import StepConfig, TrainState, split_model
 
 TOL = 1e-9
@@ -67,7 +74,7 @@ def build(name: str):
                        mlp_ratio=2, **kw), (2, BATCH, 32, 32, 2))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(model_name: str):
     """The model (built once per model), its split state, the optimizer and the batch."""
     model, shape = build(model_name)
@@ -79,7 +86,7 @@ def _setup(model_name: str):
     return model, graphdef, tx, jax.device_get(state), x, jnp.arange(BATCH) % 10
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(model_name: str, case: str):
     """``(first-step metrics with grads, state after 3 steps, plan, step report)`` of one layout."""
     model, graphdef, tx, host_state, x, y = _setup(model_name)
@@ -88,7 +95,7 @@ def _run(model_name: str, case: str):
     mode, spec, zero, sp = {**MODES, **EXTRA}[case]
     mesh = mesh_lib.make_mesh("data=1", jax.devices()[:1]) if spec is None else mesh_lib.make_mesh(spec)
     plan = parallel.plan(model, mesh, mode=mode, zero_stage=zero, sequence_parallel=sp)
-    state, step = parallel.apply(plan, host_state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
+    state, step = apply_plan(plan, host_state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
                                  batch_ndims={"inputs": 5, "labels": 1})
     batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
              "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
@@ -96,7 +103,19 @@ def _run(model_name: str, case: str):
     state, first = compiled(state, batch)
     for _ in range(2):
         state, _ = compiled(state, batch)
-    return jax.device_get(first), jax.device_get(state), plan, parallel.step_report(compiled, state)
+    report = parallel.step_report(compiled, state)
+    report["neuron_kernels"] = neuron_kernels(compiled.as_text())
+    return jax.device_get(first), jax.device_get(state), plan, report
+
+
+def neuron_kernels(hlo: str) -> dict[str, list[int]]:
+    """The native neuron kernel calls of a compiled step: target -> sorted neurons per call (``m`` of ``[T, m]``)."""
+    calls = collections.defaultdict(list)
+    for line in hlo.splitlines():
+        match = re.search(r'custom_call_target="(SnnNeuron\w+)", operand_layout_constraints=\{f64\[\d+,(\d+)\]', line)
+        if match and " custom-call(" in line:
+            calls[match.group(1)].append(int(match.group(2)))
+    return {target: sorted(ms) for target, ms in calls.items()}
 
 
 def _rel(a, b) -> float:
@@ -119,7 +138,7 @@ def test_layout_matches_single_device(model_name, case):
     ref_grads, grads = jax.tree.leaves(ref_first["grads"]), jax.tree.leaves(first["grads"])
     assert len(ref_grads) == len(grads)
     scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=True):
         err = np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale)
         assert err <= TOL, (model_name, case, err)
 
@@ -129,6 +148,17 @@ def test_layout_matches_single_device(model_name, case):
     assert int(state.step) == 3
 
     _check_collectives(model_name, case, plan, report)
+    _check_neuron_kernels(model_name, plan, report)
+
+
+def _check_neuron_kernels(model_name, plan, report):
+    """The fused kernels run under the layout, each on at most its device's share of the batch (no gather)."""
+    ref, got = _run(model_name, "none")[3]["neuron_kernels"], report["neuron_kernels"]
+    assert set(ref) == set(got) == {"SnnNeuronForwardF64", "SnnNeuronBackwardF64"}, (ref, got)
+    shards = plan.axis_sizes["data"] * plan.axis_sizes["fsdp"]
+    for target, ms in got.items():  # sorted sizes: a per-layer bound implies this elementwise bound
+        assert len(ms) == len(ref[target]) and all(m * shards <= r for m, r in zip(ms, ref[target], strict=True)), \
+            (target, ms, ref[target])
 
 
 def _check_collectives(model_name, case, plan, report):
@@ -168,6 +198,15 @@ def _check_collectives(model_name, case, plan, report):
     if sp:  # row-parallel outputs are reduce-scattered over rows and gathered again: less activation memory
         assert c["all-gather"]["count"] > 0 and c["all-reduce+slice"]["count"] > 0, c
         assert report["activation_bytes"] < _run(model_name, "dp_tp")[3]["activation_bytes"]
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "vgg", "spikformer"])
+def test_dp_runs_the_fused_kernels_on_each_devices_batch_shard(model_name):
+    """parallel.mode=dp over data=8: every neuron kernel call takes an eighth of the neurons, nothing is gathered."""
+    _, _, _, report = _run(model_name, "dp")
+    ref, got = _run(model_name, "none")[3]["neuron_kernels"], report["neuron_kernels"]
+    assert got == {target: [m // 8 for m in ms] for target, ms in ref.items()}, (got, ref)
+    assert report["collectives"]["all-gather"]["count"] == 0, report["collectives"]
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "vgg", "spikformer"])

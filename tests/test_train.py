@@ -1,5 +1,6 @@
 """The training program: runs, exact resume after a kill, configs, and errors that name the problem."""
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -8,31 +9,38 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 
+from snnjax.models import create_model
+from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
 from snnjax.train import base_config, train_and_evaluate, validate
+from snnjax.train.config import source_kwargs
+from snnjax.train.step import StepConfig, TrainState, classification_loss, eval_step, split_model, train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_config(name: str):
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()
 
 
-def train_cmd(workdir, *overrides):
-    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "digits.py"),
+def train_cmd(workdir, *overrides, config="digits"):
+    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / f"{config}.py"),
             "--workdir", str(workdir), *overrides]
 
 
-def run_train(workdir, *overrides, timeout=300):
-    return subprocess.run(train_cmd(workdir, *overrides), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_train(workdir, *overrides, timeout=300, config="digits"):
+    return subprocess.run(train_cmd(workdir, *overrides, config=config), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
 
 
 def final_state(workdir) -> dict:
@@ -107,29 +115,134 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
     assert sa["eval_accuracy"] == sb["eval_accuracy"] and sa["steps"] == sb["steps"] == 400
 
 
-@pytest.mark.parametrize("name,model_overrides", [
-    ("cifar10dvs_vgg", {"widths": (4, 4, 8, 8, 8, 8, 8, 8)}),
-    ("spikformer_ti", {"embed_dims": 16, "num_heads": 2, "depths": 1}),
-])
-def test_model_configs_run_on_synthetic_events(tmp_path, name, model_overrides):
+CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
+# Flags that shrink each model for a smoke run; sizes the data gives (for 16x16x2 frames, 10 classes, T=2).
+SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)"],
+          "spikformer": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"]}
+SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
+               "cifar10dvs_vgg": {"in_channels": 2, "image_size": 16, "num_classes": 10},
+               "spikformer": {"in_channels": 2, "img_size": (16, 16), "num_classes": 10, "T": 2}}
+
+
+def num_params(model_name: str, model_options: dict) -> int:
+    model = create_model(model_name, model_options, rngs=nnx.Rngs(0))
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_switches_to_synthetic_events_with_one_flag(tmp_path, name):
+    """``--config.data.name=synthetic_dvs`` is enough: the config's data_dir is ignored with a note, sizes follow."""
     c = load_config(name)
-    for k, v in model_overrides.items():
-        c.model[k] = v
-    c.data.name, c.data.data_dir, c.data.time_steps = "synthetic_dvs", None, 2
-    c.data.options = {"num_examples": 16, "size": 32}
-    c.global_batch_size, c.num_steps, c.log_every_steps, c.checkpoint_every_steps = 8, 2, 1, 2
-    c.grad_accum_steps, c.warmup_steps = 2, 0
-    c.parallel.mode = "none"
-    summary = train_and_evaluate(c, tmp_path)
-    assert summary["steps"] == 2 and np.isfinite(summary["train_loss"])
-    assert 0.0 <= summary["eval_accuracy"] <= 1.0
+    small = ["--config.num_steps=2", "--config.eval_every_steps=2", "--config.global_batch_size=8",
+             "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16"]
+    result = run_train(tmp_path, "--config.data.name=synthetic_dvs", *small, *SHRINK[c.model.name], config=name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if c.data.data_dir is not None:
+        assert f"note: synthetic_dvs reads no files; ignoring data.data_dir='{c.data.data_dir}'" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["dataset"] == "synthetic_dvs" and summary["steps"] == 2
+    # 12 test examples in batches of 8 (the second one padded): accuracy is a count of the 12.
+    assert summary["eval_accuracy"] * 12 == pytest.approx(round(summary["eval_accuracy"] * 12), abs=1e-9)
+    model = json.loads((tmp_path / "config.json").read_text())["model"]
+    options = {k: v for k, v in model.items() if k != "name" and v is not None}
+    assert summary["num_params"] == num_params(c.model.name, {**options, **SIZES_16x16[c.model.name]})
 
 
-def test_float64_and_tet_loss(tmp_path, x64):
+def test_data_settings_of_another_dataset_are_ignored_with_notes():
+    c = load_config("cifar10dvs_vgg")
+    c.data.name = "synthetic_dvs"
+    kwargs, notes = source_kwargs(c)
+    assert kwargs == {"data_dir": None, "time_steps": 10, "size": 48}
+    assert notes == ["synthetic_dvs reads no files; ignoring data.data_dir='data/cifar10dvs'"]
+    c.data.name = "nmnist"
+    kwargs, notes = source_kwargs(c)
+    assert kwargs == {"data_dir": "data/cifar10dvs", "time_steps": 10}
+    assert notes == ["nmnist takes no option(s) ['size']; ignoring data.options.size=48"]
+    for unset in ("", "None"):
+        c.data.data_dir = unset
+        assert source_kwargs(c)[0]["data_dir"] is None
+    c = load_config("mnist")
+    c.data.name = "synthetic_dvs"
+    assert source_kwargs(c)[1][-1] == ("synthetic_dvs gives event frames, which need no encoder; ignoring "
+                                       "data.encoder='poisson'")
+
+
+def test_an_unset_data_dir_reaches_a_dataset_that_needs_one(tmp_path):
+    result = run_train(tmp_path, "--config.data.name=nmnist", "--config.data.data_dir=", config="cifar10dvs_vgg")
+    assert result.returncode == 1 and "nmnist needs data_dir" in result.stderr, result.stderr[-1500:]
+
+
+def test_data_a_model_cannot_take_is_named(tmp_path):
+    c = load_config("cifar10dvs_vgg")
+    c.data.name, c.data.data_dir = "digits", None
+    with pytest.raises(ValueError, match=r"'cifar10dvs_vgg' pools its frames down by 16; the data gives 8x8"):
+        train_and_evaluate(c, tmp_path)
+    c.data.options.no_such_option = 1
+    with pytest.raises(ValueError, match=r"config.data.options has no key\(s\) \['no_such_option'\]"):
+        validate(c)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_model_registry_sizes_match_their_keys(name):
+    sizes = sizes_from_data(name, DataShape(frame_shape=(16, 16, 2), num_classes=7, time_steps=3))
+    assert set(sizes) == set(REGISTRY[name].size_keys) and sizes["num_classes"] == 7
+    assert not set(sizes) & set(model_config(name))  # sizes are left to the data
+
+
+def numpy_loss(logits: np.ndarray, labels: np.ndarray, kind: str, tet_lambda: float) -> np.ndarray:
+    """Per-example loss of logits [T, N, K], written out from its definition (no optax)."""
+    def cross_entropy(z, y):  # z [..., K], y [...]
+        log_p = z - z.max(-1, keepdims=True)
+        log_p = log_p - np.log(np.exp(log_p).sum(-1, keepdims=True))
+        return -np.take_along_axis(log_p, y[..., None], -1)[..., 0]
+
+    if kind == "ce":
+        return cross_entropy(logits.mean(0), labels)
+    per_step = cross_entropy(logits, np.broadcast_to(labels, logits.shape[:2])).mean(0)
+    return (1 - tet_lambda) * per_step + tet_lambda * ((logits - 1.0) ** 2).mean(axis=(0, 2))
+
+
+@pytest.mark.parametrize("kind,tet_lambda", [("ce", 0.0), ("tet", 0.0), ("tet", 0.3)])
+def test_classification_loss_matches_its_formula(kind, tet_lambda, x64):
+    rng = np.random.default_rng(0)
+    logits, labels = 3.0 * rng.normal(size=(4, 6, 5)), rng.integers(0, 5, 6)
+    got = classification_loss(jnp.asarray(logits), jnp.asarray(labels), kind, tet_lambda)
+    np.testing.assert_allclose(np.asarray(got), numpy_loss(logits, labels, kind, tet_lambda), rtol=1e-12)
+
+
+def test_train_and_eval_steps_report_the_models_loss_and_accuracy(x64):
+    """The steps' loss, accuracy and counts equal numpy's on the model's own logits (TET, float64)."""
+    model = create_model("mlp", {"in_features": 6, "hidden": (16,), "num_classes": 4}, rngs=nnx.Rngs(0),
+                         dtype=jnp.float64, param_dtype=jnp.float64)
+    graphdef, params, rngs, rest = split_model(model)
+    tx = optax.sgd(0.1)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
+                       opt_state=tx.init(params))
+    x = np.random.default_rng(1).uniform(0, 3, (3, 8, 6))  # [T, N, F]
+    logits = np.asarray(nnx.merge(graphdef, params, rngs, rest)(jnp.asarray(x)))
+    pred = logits.mean(0).argmax(-1)
+    labels = np.where(np.arange(8) < 5, pred, (pred + 1) % 4)  # 5 of 8 right, by construction
+    cfg = StepConfig(seed=0, time_steps=3, encoder=None, loss="tet", tet_lambda=0.25, compute_dtype=jnp.float64)
+    batch = {"inputs": jnp.asarray(x), "labels": jnp.asarray(labels)}
+    expected = numpy_loss(logits, labels, "tet", 0.25)
+
+    _, metrics = jax.jit(lambda s, b: train_step(cfg, graphdef, tx, s, b))(state, batch)
+    np.testing.assert_allclose(float(metrics["loss"]), expected.mean(), rtol=1e-12)
+    assert float(metrics["accuracy"]) == 5 / 8
+
+    mask = np.arange(8) < 6  # the last two examples are padding
+    out = eval_step(cfg, graphdef, state, {**batch, "mask": jnp.asarray(mask)}, jnp.asarray(0))
+    assert float(out["count"]) == 6 and float(out["correct"]) == 5
+    np.testing.assert_allclose(float(out["loss"]), expected[mask].sum(), rtol=1e-12)
+
+
+def test_float64_run_trains_float64_parameters(tmp_path, x64):
     c = load_config("digits")
     c.dtype, c.loss, c.tet_lambda, c.num_steps, c.parallel.mode = "float64", "tet", 0.1, 3, "none"
     summary = train_and_evaluate(c, tmp_path)
-    assert summary["dtype"] == "float64" and np.isfinite(summary["train_loss"])
+    assert summary["dtype"] == "float64" and summary["steps"] == 3
+    params = {k: v for k, v in final_state(tmp_path).items() if k.startswith("params/")}
+    assert params and {v.dtype for v in params.values()} == {np.dtype(np.float64)}, params.keys()
 
 
 @pytest.mark.parametrize("override,message", [
@@ -160,8 +273,6 @@ def test_every_model_option_can_be_overridden(tmp_path):
 
 
 def test_model_config_validation_names_allowed_options():
-    from snnjax.models.registry import create_model
-
     with pytest.raises(ValueError, match=r"has no option\(s\) \['width'\]; allowed:"):
         create_model("mlp", {"width": 3}, rngs=None)
 

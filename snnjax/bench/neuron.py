@@ -71,7 +71,10 @@ def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
 
 
 def parse_impl(spec: str):
-    """``(name, KernelOptions or None)`` from ``xla``, ``autodiff``, ``native``, ``pallas`` or ``pallas:key=value,...``."""
+    """``(name, KernelOptions or None)``.
+
+    ``spec``: ``xla``, ``autodiff``, ``native``, ``pallas`` or ``pallas:key=value,...``.
+    """
     from snnjax import pallas as P
 
     name, _, opts = spec.partition(":")
@@ -93,14 +96,14 @@ def make_step(spec: str, cfg):
     """Jitted ``(x, ds) -> (spikes, dx)`` for one impl spec."""
     import jax
 
+    from snnjax import neurons
     from snnjax import pallas as P
-    from snnjax.neurons import functional as F
 
     name, opts = parse_impl(spec)
     if name in ("xla", "native"):
-        run = lambda x: F.multistep(cfg, x, impl=name)[0]  # noqa: E731
+        run = lambda x: neurons.multistep(cfg, x, impl=name)[0]  # noqa: E731
     elif name == "autodiff":
-        run = lambda x: F.multistep_reference(cfg, x)[0]  # noqa: E731
+        run = lambda x: neurons.multistep_reference(cfg, x)[0]  # noqa: E731
     else:
         run = lambda x: P.multistep(cfg, x, options=opts)[0]  # noqa: E731
 
@@ -222,7 +225,7 @@ def main(argv=None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from snnjax.neurons import functional as F
+    from snnjax import neurons
 
     device = jax.devices()[0]
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
@@ -230,7 +233,7 @@ def main(argv=None) -> list[dict]:
     impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
     sj_backends = args.sj_backends or (["triton", "cuda", "torch"] if platform == "gpu" else ["cpu"])
     dtype = jnp.dtype(args.dtype)
-    cfg = F.NeuronConfig(kind="LIF", tau=2.0)
+    cfg = neurons.NeuronConfig(kind="LIF", tau=2.0)
     steps = {spec: make_step(spec, cfg) for spec in impls}
 
     inner = args.inner or DEFAULT_INNER.get(platform, 1)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from snnjax import pallas as P
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.pallas.backward import backward
 from snnjax.pallas.forward import forward
 
@@ -46,7 +46,7 @@ def _median_ms(fn, *args, reps: int = 30, inner: int = 5) -> float:
 def _grid(space: dict):
     keys = list(space)
     for values in itertools.product(*(space[k] for k in keys)):
-        yield dict(zip(keys, values))
+        yield dict(zip(keys, values, strict=True))
 
 
 def main(argv=None) -> str:
@@ -56,7 +56,7 @@ def main(argv=None) -> str:
     p.add_argument("--neurons", type=int, default=64 * 65536, help="M (default 64 * 65536)")
     p.add_argument("--out", help="append one JSON line per timed option set")
     args = p.parse_args(argv)
-    cfg, dtype, m = F.NeuronConfig(kind="LIF", tau=2.0), jnp.dtype(args.dtype), args.neurons
+    cfg, dtype, m = B.NeuronConfig(kind="LIF", tau=2.0), jnp.dtype(args.dtype), args.neurons
     device = jax.devices()[0]
     records = []
     for t in args.ts:
@@ -73,7 +73,7 @@ def main(argv=None) -> str:
                     fn_args, passes = (x, v0), 2
                 else:
                     ck = jax.jit(lambda x, v0, o=opts: forward(cfg, False, o, x, v0, None, checkpoints=True)[2])(x, v0)
-                    fn = jax.jit(lambda x, ck, ds, o=opts: backward(cfg, False, o, x, ck, v0, None, ds, None))
+                    fn = jax.jit(lambda x, ck, ds, o=opts, v0=v0: backward(cfg, False, o, x, ck, v0, None, ds, None))
                     fn_args, passes = (x, ck, ds), 3
                 out = fn(*fn_args)[0]
                 same = bool(jnp.array_equal(out, first.setdefault(part, out)))

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from snnjax import parallel
     from snnjax.models import create_model
     from snnjax.parallel import mesh as mesh_lib
+    from snnjax.train import apply_plan
     from snnjax.train.step import StepConfig, TrainState, split_model
 
     kwargs = {"cifar10dvs_vgg": {}, "spikformer": {"T": args.time_steps, "img_size": 128, "in_channels": 2},
@@ -57,15 +58,16 @@ def main(argv: list[str] | None = None) -> int:
             n *= v
         mesh = mesh_lib.make_mesh(spec, jax.devices()[:n])
         p = parallel.plan(model, mesh, mode=mode, sequence_parallel=sp)
-        state, step = parallel.apply(p, state, StepConfig(seed=0, time_steps=args.time_steps, encoder=None),
+        state, step = apply_plan(p, state, StepConfig(seed=0, time_steps=args.time_steps, encoder=None),
                                      graphdef, tx)
         batch = {"inputs": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=p.batch_sharding(5, 1)),
                  "labels": jax.ShapeDtypeStruct((args.batch,), jnp.int32, sharding=p.batch_sharding(1, 0))}
         t0 = time.perf_counter()
         compiled = step.lower(state, batch).compile()
         report = parallel.step_report(compiled, state)
-        record = {"model": args.model, "mode": mode, "sequence_parallel": sp, "mesh": spec, "devices": n, "global_batch": args.batch,
-                  "time_steps": args.time_steps, "num_params": int(sum(x.size for x in jax.tree.leaves(params))),
+        record = {"model": args.model, "mode": mode, "sequence_parallel": sp, "mesh": spec, "devices": n,
+                  "global_batch": args.batch, "time_steps": args.time_steps,
+                  "num_params": int(sum(x.size for x in jax.tree.leaves(params))),
                   "compile_seconds": round(time.perf_counter() - t0, 1), **report}
         line = json.dumps(record)
         print(line, flush=True)

@@ -5,8 +5,8 @@
 Runs ``LIFNode(step_mode='m')`` with its defaults (tau 2, Sigmoid(4), hard reset to 0)
 on the benchmark's inputs (``snnjax.bench.neuron.make_inputs``, so both sides see the
 same numbers), computes the spikes and ``x.grad`` for the cotangent dS ``--inner`` times
-per timed repetition (one device sync at its end), and prints one JSON line per T: median / min milliseconds, the spike count and the
-gradient's L2 norm. On a GPU, SpikingJelly picks its CUDA implementation from the
+per timed repetition (one device sync at its end), and prints one JSON line per T: median / min
+milliseconds, the spike count and the gradient's L2 norm. On a GPU, SpikingJelly picks its CUDA implementation from the
 environment variable ``SJ_LIF_CUDA_IMPLEMENTATION`` (auto, cuda, triton, torch); the
 benchmark runs this module once per backend. Kept free of JAX, so the two frameworks
 never share a process or device memory pool.

@@ -36,7 +36,7 @@ def digits_split_indices(labels: np.ndarray, split: str, *, test_fraction: float
 
 def digits_source(split: str = "train", *, test_fraction: float = 0.2, seed: int = 0) -> ArraySource:
     """The sklearn digits as a source of images ``[n, 8, 8, 1]`` in [0, 1] and labels ``[n]``."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # noqa: PLC0415 (scikit-learn loads in seconds; only this source needs it)
 
     data = load_digits()
     images = (data.images.astype(np.float32) / 16.0)[..., None]

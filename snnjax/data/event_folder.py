@@ -11,9 +11,9 @@ different ``T`` or sizes never share files.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -23,7 +23,7 @@ Each batch is a dict of numpy arrays, time-major as the library expects:
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Loader:
                  process_index: int | None = None, process_count: int | None = None,
                  prefetch: int = 2):
         if process_index is None or process_count is None:
-            import jax
+            import jax  # noqa: PLC0415 (the loader itself runs without jax)
 
             process_index = jax.process_index() if process_index is None else process_index
             process_count = jax.process_count() if process_count is None else process_count

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -41,7 +42,7 @@ def prefetch(iterator: Iterator[T], size: int) -> Iterator[T]:
             for item in iterator:
                 if not put(item):
                     return
-        except BaseException as error:  # re-raised in the consumer
+        except BaseException as error:  # noqa: BLE001 (re-raised in the consumer)
             put(_Failure(error))
             return
         put(_DONE)

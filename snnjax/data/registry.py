@@ -1,4 +1,4 @@
-"""Dataset registry: ``get_source(name, split, data_dir=..., **options)``.
+"""Dataset registry: ``get_source(name, split, data_dir=..., time_steps=..., **options)``.
 
 =================  =========================  ==============================================
 name               inputs per example         data / options
@@ -8,17 +8,23 @@ name               inputs per example         data / options
 ``fashion_mnist``  ``[28, 28, 1]`` in [0, 1]  TFDS ``array_record`` in ``data_dir``
 ``cifar10``        ``[32, 32, 3]`` in [0, 1]  TFDS ``array_record`` in ``data_dir``
 ``nmnist``         ``[T, 34, 34, 2]`` counts  ``data_dir/{Train,Test}/<digit>/*.bin``;
-                                              ``time_steps``, ``cache_dir``, ``cache``
-``cifar10dvs``     ``[T, h, w, 2]`` counts    ``data_dir/<class>/*.aedat``; ``time_steps``,
-                                              ``size``, ``train_ratio``, ``cache_dir``, ``cache``
-``synthetic_dvs``  ``[T, 48, 48, 2]`` counts  generated; ``num_examples``, ``time_steps``,
-                                              ``size``, ``num_classes``, ``seed``, ...
+                                              ``cache_dir``, ``cache``
+``cifar10dvs``     ``[T, h, w, 2]`` counts    ``data_dir/<class>/*.aedat``; ``size``,
+                                              ``train_ratio``, ``cache_dir``, ``cache``
+``synthetic_dvs``  ``[T, 48, 48, 2]`` counts  generated; ``num_examples``, ``size``,
+                                              ``num_classes``, ``seed``, ``peak_rate``, ``noise_rate``
 =================  =========================  ==============================================
+
+Each entry says whether the source reads files (``reads_files``: it takes a ``data_dir``),
+whether its examples are event frames with their own time axis (``events``: it takes
+``time_steps``), and its options with their types.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from snnjax.data.cifar10dvs import cifar10dvs_source
 from snnjax.data.digits import digits_source
@@ -28,47 +34,92 @@ from snnjax.data.synthetic import SyntheticDVSSource
 from snnjax.data.tfds_images import TfdsImageSource
 
 
-def _no_data_dir(name: str, factory: Callable[..., Source]) -> Callable[..., Source]:
-    def make(split: str, data_dir: str | os.PathLike | None, **options: Any) -> Source:
-        if data_dir is not None:
-            raise ValueError(f"{name} reads no files; do not pass data_dir")
-        return factory(split, **options)
-    return make
+@dataclasses.dataclass(frozen=True)
+class DatasetEntry:
+    """A registered dataset.
+
+    Attributes:
+      make: ``make(split, **kwargs) -> Source``; kwargs are ``data_dir`` if ``reads_files``,
+        ``time_steps`` if ``events``, and any of ``options``.
+      reads_files: takes a ``data_dir``.
+      events: examples are event frames ``[T, H, W, C]`` integrated into ``time_steps`` frames.
+      options: the extra keyword options and their types.
+    """
+
+    make: Callable[..., Source]
+    reads_files: bool
+    events: bool
+    options: Mapping[str, type] = dataclasses.field(default_factory=dict)
 
 
 def _tfds(name: str) -> Callable[..., Source]:
-    def make(split: str, data_dir: str | os.PathLike | None, **options: Any) -> Source:
-        return TfdsImageSource(name, split, data_dir, **options)
+    def make(split: str, *, data_dir: str | os.PathLike | None) -> Source:
+        return TfdsImageSource(name, split, data_dir)
     return make
 
 
-def _event(factory: Callable[..., Source]) -> Callable[..., Source]:
-    def make(split: str, data_dir: str | os.PathLike | None, **options: Any) -> Source:
-        return factory(split, data_dir=data_dir, **options)
-    return make
-
-
-_REGISTRY: dict[str, Callable[..., Source]] = {
-    "digits": _no_data_dir("digits", digits_source),
-    "mnist": _tfds("mnist"),
-    "fashion_mnist": _tfds("fashion_mnist"),
-    "cifar10": _tfds("cifar10"),
-    "nmnist": _event(nmnist_source),
-    "cifar10dvs": _event(cifar10dvs_source),
-    "synthetic_dvs": _no_data_dir("synthetic_dvs", SyntheticDVSSource),
+_CACHE = {"cache_dir": str, "cache": bool}
+DATASETS: dict[str, DatasetEntry] = {
+    "digits": DatasetEntry(digits_source, reads_files=False, events=False,
+                           options={"test_fraction": float, "seed": int}),
+    "mnist": DatasetEntry(_tfds("mnist"), reads_files=True, events=False),
+    "fashion_mnist": DatasetEntry(_tfds("fashion_mnist"), reads_files=True, events=False),
+    "cifar10": DatasetEntry(_tfds("cifar10"), reads_files=True, events=False),
+    "nmnist": DatasetEntry(nmnist_source, reads_files=True, events=True, options=_CACHE),
+    "cifar10dvs": DatasetEntry(cifar10dvs_source, reads_files=True, events=True,
+                               options={"size": int, "train_ratio": float, **_CACHE}),
+    "synthetic_dvs": DatasetEntry(SyntheticDVSSource, reads_files=False, events=True,
+                                  options={"num_examples": int, "size": int, "num_classes": int, "seed": int,
+                                           "peak_rate": float, "noise_rate": float}),
 }
+SOURCE_NAMES = tuple(DATASETS)
 
-SOURCE_NAMES = tuple(_REGISTRY)
+
+def _option_types() -> dict[str, type]:
+    types: dict[str, type] = {}
+    for name, entry in DATASETS.items():
+        for key, kind in entry.options.items():
+            if types.setdefault(key, kind) is not kind:
+                raise TypeError(f"dataset option {key!r} is a {types[key].__name__} elsewhere but a "
+                                f"{kind.__name__} for {name!r}")
+    return types
+
+
+# Every option of any dataset and its type (the training config holds one typed slot per option).
+OPTION_TYPES: dict[str, type] = _option_types()
+
+
+def dataset(name: str) -> DatasetEntry:
+    """The registry entry of ``name``; ``ValueError`` listing :data:`SOURCE_NAMES` if unknown."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(SOURCE_NAMES)}")
+    return DATASETS[name]
 
 
 def get_source(name: str, split: str, *, data_dir: str | os.PathLike | None = None,
-               **options: Any) -> Source:
+               time_steps: int | None = None, **options: Any) -> Source:
     """The dataset ``name``'s ``split`` as a :class:`Source`.
 
+    Args:
+      data_dir: where a source that reads files finds them (must be None for the others).
+      time_steps: ``T`` frames per example for event sources (None: the source's default);
+        static-image sources ignore it (the step's encoder makes their ``T`` steps).
+      options: the dataset's options (see the table above).
+
     Raises:
-      ValueError: unknown ``name`` (the message lists :data:`SOURCE_NAMES`) or split.
+      ValueError: unknown ``name`` (the message lists :data:`SOURCE_NAMES`), split or option, or a
+        ``data_dir`` given to a source that reads no files.
       FileNotFoundError: the dataset's files are not in ``data_dir``.
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(SOURCE_NAMES)}")
-    return _REGISTRY[name](split, data_dir, **options)
+    entry = dataset(name)
+    unknown = sorted(set(options) - set(entry.options))
+    if unknown:
+        raise ValueError(f"dataset {name!r} has no option(s) {unknown}; its options: {sorted(entry.options)}")
+    kwargs = dict(options)
+    if entry.reads_files:
+        kwargs["data_dir"] = data_dir
+    elif data_dir is not None:
+        raise ValueError(f"{name} reads no files; do not pass data_dir")
+    if entry.events and time_steps is not None:
+        kwargs["time_steps"] = time_steps
+    return entry.make(split, **kwargs)

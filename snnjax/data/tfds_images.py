@@ -33,7 +33,7 @@ def open_tfds_data_source(name: str, split: str, data_dir: str | os.PathLike | N
     Raises:
       FileNotFoundError: the dataset is not prepared in ``data_dir``.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # noqa: PLC0415 (loads TensorFlow: only for the TFDS sources)
 
     data_dir = None if data_dir is None else os.fspath(data_dir)
     try:

@@ -1,6 +1,4 @@
-"""Import SpikingJelly (PyTorch) weights into snnjax models, and the fixture-checker CLI.
-
-    python -m snnjax.interop.spikingjelly check FILE.npz [--impl {auto,xla,pallas,native}]
+"""Import SpikingJelly (PyTorch) weights into snnjax models.
 
 A ``state_dict`` is any mapping from torch key to numpy array (``np.load`` of an
 ``.npz``, or ``{k: v.numpy() for k, v in torch.load(...).items()}``). Layouts are
@@ -13,9 +11,7 @@ Every conversion is a permutation, so the same function maps torch gradients.
 """
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Callable, Mapping
 
 import jax.numpy as jnp
@@ -23,7 +19,6 @@ import numpy as np
 from flax import nnx
 
 from snnjax.models import CIFAR10DVSVGG, Spikformer
-from snnjax.neurons.functional import IMPLS
 
 Path = tuple
 Convert = Callable[[np.ndarray], np.ndarray]
@@ -163,20 +158,3 @@ def import_state_dict(model: nnx.Module, state_dict: Mapping[str, np.ndarray], *
                              f"state_dict gives {tuple(value.shape)} after layout conversion")
         var.set_value(jnp.asarray(value, dtype or var.get_value().dtype))
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snnjax.interop.spikingjelly")
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="recompute a SpikingJelly reference file (FILE.npz + FILE.json) in float64")
-    check.add_argument("file", help="the .npz file; its sibling .json describes the cases")
-    check.add_argument("--impl", choices=IMPLS, default="auto",
-                       help="the neurons' multi-step implementation (pallas runs interpreted on a CPU; native "
-                            "is the CPU's C++ kernels)")
-    args = parser.parse_args(argv)
-    from snnjax.interop import fixtures
-
-    return fixtures.check_file(args.file, impl=args.impl)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,7 @@ XLA's ``select_and_scatter`` does. Under a parallel plan the backward is written
 with strided slices and pads instead (``_max_pool_split``), because XLA's SPMD
 partitioner gathers a ``select_and_scatter``'s operand whole (the batch, or the
 channels under tensor parallelism) onto every device; the result is the same.
+Whether a plan is active is the layout context's ``is_partitioned()`` (``snnjax.parallel.logical``).
 """
 from __future__ import annotations
 

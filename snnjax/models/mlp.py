@@ -51,7 +51,7 @@ class SpikingMLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = layers.flatten_features(x)
-        for i, (fc, node) in enumerate(zip(self.fcs, self.neurons)):
+        for i, (fc, node) in enumerate(zip(self.fcs, self.neurons, strict=True)):
             x = fc(x)
             x = node(self.bns[i](x) if self.bns is not None else x)
         return self.head(x)

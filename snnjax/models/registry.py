@@ -1,7 +1,13 @@
-"""Build a model by name from config-style keyword arguments, with errors that list the allowed keys."""
+"""Model registry: build a model by name from config-style keyword arguments, its sizes read from the data.
+
+Each entry names the model's constructor and how its input/output sizes follow from the data
+(:class:`DataShape`), so the trainer needs no per-model code: adding a model is one entry here.
+"""
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,17 +16,96 @@ from flax import nnx
 
 from snnjax.models.mlp import SpikingMLP
 from snnjax.models.spikformer import Spikformer
-from snnjax.models.vgg import CIFAR10DVSVGG
+from snnjax.models.vgg import CIFAR10DVSVGG, DEFAULT_POOLS
 from snnjax.neurons import surrogate as sg
 
-MODELS: dict[str, Callable[..., nnx.Module]] = {
-    "mlp": SpikingMLP,
-    "cifar10dvs_vgg": CIFAR10DVSVGG,
-    "spikformer": Spikformer,
+
+@dataclasses.dataclass(frozen=True)
+class DataShape:
+    """What the data says about a model's sizes.
+
+    Attributes:
+      frame_shape: one example at one time step, ``(H, W, C)`` (images and event frames alike).
+      num_classes: number of classes.
+      time_steps: ``T``, the time steps the model sees.
+    """
+
+    frame_shape: tuple[int, ...]
+    num_classes: int
+    time_steps: int
+
+    @classmethod
+    def of(cls, source: Any, time_steps: int) -> DataShape:
+        """The shape of ``source`` (a :class:`snnjax.data.Source`: ``example_shape``, ``num_classes``, ``time_steps``).
+
+        ``time_steps`` is the ``T`` the encoder gives static images; event sources carry their own.
+        """
+        event_steps = getattr(source, "time_steps", None)
+        shape = tuple(source.example_shape)
+        if event_steps is not None:  # event frames [T, H, W, C]: their own time axis
+            return cls(shape[1:], int(source.num_classes), int(event_steps))
+        return cls(shape, int(source.num_classes), int(time_steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    """A registered model: its constructor, and its size keywords as a function of the data and its options."""
+
+    build: Callable[..., nnx.Module]
+    sizes: Callable[[DataShape, Mapping[str, Any]], dict[str, Any]]
+    size_keys: tuple[str, ...]  # the keywords ``sizes`` returns (left out of model_config)
+
+
+def _image(data: DataShape, model: str) -> tuple[int, int, int]:
+    if len(data.frame_shape) != 3:
+        raise ValueError(f"model {model!r} takes image frames [H, W, C]; the data gives examples of shape "
+                         f"{data.frame_shape} per time step: choose a model such as 'mlp' or image data")
+    h, w, c = data.frame_shape
+    return h, w, c
+
+
+def _mlp_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_features": math.prod(data.frame_shape), "num_classes": data.num_classes}
+
+
+def _vgg_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    h, w, c = _image(data, "cifar10dvs_vgg")
+    if h != w:
+        raise ValueError(f"model 'cifar10dvs_vgg' takes square frames (one image_size); the data gives {h}x{w}: "
+                         "resize it (e.g. --config.data.options.size=48) or choose another model")
+    min_size = 2 ** (sum(map(bool, options.get("pools", DEFAULT_POOLS))) + 1)  # each pool and the final one halve
+    if h < min_size:
+        raise ValueError(f"model 'cifar10dvs_vgg' pools its frames down by {min_size}; the data gives {h}x{w}: "
+                         f"choose data with frames of at least {min_size}x{min_size}, fewer model.pools, or "
+                         "another model")
+    return {"in_channels": c, "image_size": h, "num_classes": data.num_classes}
+
+
+def _spikformer_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    h, w, c = _image(data, "spikformer")
+    return {"in_channels": c, "img_size": (h, w), "num_classes": data.num_classes, "T": data.time_steps}
+
+
+REGISTRY: dict[str, ModelEntry] = {
+    "mlp": ModelEntry(SpikingMLP, _mlp_sizes, ("in_features", "num_classes")),
+    "cifar10dvs_vgg": ModelEntry(CIFAR10DVSVGG, _vgg_sizes, ("in_channels", "image_size", "num_classes")),
+    "spikformer": ModelEntry(Spikformer, _spikformer_sizes, ("in_channels", "img_size", "num_classes", "T")),
 }
+MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
-# Sizes the trainer takes from the dataset unless a config sets them.
-FROM_DATA = ("in_features", "in_channels", "image_size", "img_size", "num_classes", "T")
+
+
+def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Model ``name``'s size keywords (``in_features``, ``num_classes``, ...) for ``data``.
+
+    ``options`` are the other constructor keywords the model will get (some sizes depend on them).
+
+    Raises:
+      ValueError: unknown model or option, or data the model cannot take (the message says what to change).
+    """
+    options = dict(options or {})
+    check_model_kwargs(name, options)
+    return REGISTRY[name].sizes(data, options)
 
 
 def allowed_kwargs(name: str) -> list[str]:
@@ -32,14 +117,14 @@ def allowed_kwargs(name: str) -> list[str]:
 def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
     """Config of model ``name``: every constructor option with its default (surrogates by name), then ``overrides``.
 
-    Sizes in ``FROM_DATA`` are left out (taken from the dataset) unless given in ``overrides``.
+    The sizes the data gives (the entry's ``size_keys``) are left out unless given in ``overrides``.
     """
     check_model_kwargs(name, overrides)
     params = inspect.signature(MODELS[name].__init__).parameters
     c = ml_collections.ConfigDict({"name": name})
     for key in allowed_kwargs(name):
         default = params[key].default
-        if key in FROM_DATA or default is inspect.Parameter.empty:
+        if key in REGISTRY[name].size_keys or default is inspect.Parameter.empty:
             continue
         if key == "surrogate_function":
             default = sg.name_of(default)

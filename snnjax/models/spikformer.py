@@ -51,7 +51,9 @@ class ConvBNLIF(nnx.Module):
 
 
 class LinearBNLIF(nnx.Module):
-    """Token-wise ``Linear (no bias) -> BatchNorm -> LIF`` on ``[T, N, L, D]`` (torch: ``Conv1d(k=1)`` + ``BatchNorm1d``).
+    """Token-wise ``Linear (no bias) -> BatchNorm -> LIF`` on ``[T, N, L, D]``.
+
+    torch: ``Conv1d(k=1)`` + ``BatchNorm1d``.
 
     ``din`` / ``dout`` may be tuples (the trailing input / output dims, e.g. ``(3, heads, head_dim)``);
     ``axes`` names the kernel's dims, the BatchNorm taking the output dims' names.

@@ -64,7 +64,7 @@ class CIFAR10DVSVGG(nnx.Module):
         neuron = dict(tau=tau, decay_input=decay_input, detach_reset=detach_reset,
                       surrogate_function=surrogate_function, v_threshold=v_threshold, v_reset=v_reset)
         blocks, cin, size = [], in_channels, image_size
-        for i, (w, p) in enumerate(zip(widths, pools)):
+        for i, (w, p) in enumerate(zip(widths, pools, strict=True)):
             blocks.append(VGGBlock(cin, w, p, neuron, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
                                    axes=alternate(i)))
             cin, size = w, size // 2 if p else size

@@ -1,6 +1,6 @@
 """Multi-step IF / LIF / PLIF on the CPU through the native fused kernels.
 
-Same contract as ``snnjax.neurons.functional.multistep`` (which dispatches here for
+Same contract as ``snnjax.neurons.multistep`` (which dispatches here for
 ``impl="native"``, and for ``impl="auto"`` on a CPU): ``x_seq [T, ...]`` with any trailing
 shape runs as ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PLIF's ``w``. The
 kernels compute in float64 for float64 inputs and in float32 otherwise (the state dtype of
@@ -26,7 +26,7 @@ import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.native import build
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 
 _SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3}
@@ -38,7 +38,7 @@ _SCRATCH_VALUES = 131072
 _CHUNK_MIN, _CHUNK_MAX = 256, 8192
 
 
-def unsupported_reason(cfg: F.NeuronConfig, shape, dtype) -> str | None:
+def unsupported_reason(cfg: B.NeuronConfig, shape, dtype) -> str | None:
     """Why the native kernels cannot run this neuron call (None if they can)."""
     dtype = jnp.dtype(dtype)
     if type(cfg.surrogate) not in _SURROGATE_IDS:
@@ -56,37 +56,37 @@ def chunk_size(t: int, m: int) -> int:
     return max(1, min(chunk, m))
 
 
-def multistep(cfg: F.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False):
-    """``(spikes [T, ...], v)`` as ``functional.multistep``, computed by the native kernels.
+def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False):
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the native kernels.
 
     Raises ValueError where they cannot run this call, NativeBuildError where they cannot
     be built.
     """
-    F.check_decay_param(cfg, w)
+    B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype)
     if reason is not None:
         raise ValueError(f"the native neuron kernels cannot run this call: {reason}; use impl='xla'")
     build.load()
-    kdt = F.state_dtype(x_seq.dtype)
+    kdt = B.state_dtype(x_seq.dtype)
     T, trailing = x_seq.shape[0], x_seq.shape[1:]
     if v_init is None:
         v0 = jnp.full((), cfg.vr, kdt)  # a scalar: one start for every neuron, no dV_init
     else:
-        v0 = F._broadcast_state(cfg, x_seq, v_init).reshape(-1)
+        v0 = B.broadcast_state(cfg, x_seq, v_init).reshape(-1)
     s, v = _fused(cfg, return_v_seq, x_seq.reshape(T, -1).astype(kdt), v0, w)
     return s.astype(x_seq.dtype).reshape(x_seq.shape), v.reshape(x_seq.shape if return_v_seq else trailing)
 
 
-def _attrs(cfg: F.NeuronConfig, return_v_seq: bool, t: int, m: int) -> dict:
+def _attrs(cfg: B.NeuronConfig, return_v_seq: bool, t: int, m: int) -> dict:
     return dict(kind=np.int64(_KIND_IDS[cfg.kind]), charging=np.int64(_charging(cfg)), hard=cfg.v_reset is not None,
                 detach=cfg.detach_reset, v_seq=return_v_seq, decay_input=cfg.decay_input,
                 v_reset=np.float64(cfg.vr), v_th=np.float64(cfg.v_threshold), tau=np.float64(cfg.tau),
                 alpha=np.float64(cfg.surrogate.alpha), chunk=np.int64(chunk_size(t, m)))
 
 
-def _charging(cfg: F.NeuronConfig) -> int:
-    """The kernels' charging mode (``Charging`` in neuron_kernels.h): the formula ``functional.charge`` uses."""
+def _charging(cfg: B.NeuronConfig) -> int:
+    """The kernels' charging mode (``Charging`` in neuron_kernels.h): the formula ``base.charge`` uses."""
     if cfg.kind == "IF":
         return 0
     if cfg.decay_input:
@@ -94,8 +94,8 @@ def _charging(cfg: F.NeuronConfig) -> int:
     return 2 if cfg.vr == 0.0 else 3
 
 
-def _k(cfg: F.NeuronConfig, w, kdt) -> jax.Array:
-    """PLIF's k = sigmoid(w) rounded to the state dtype as ``functional.charge`` does (unused otherwise)."""
+def _k(cfg: B.NeuronConfig, w, kdt) -> jax.Array:
+    """PLIF's k = sigmoid(w) rounded to the state dtype as ``base.charge`` does (unused otherwise)."""
     return jax.nn.sigmoid(jnp.asarray(w)).astype(kdt).reshape(()) if cfg.kind == "PLIF" else jnp.zeros((), kdt)
 
 
@@ -132,7 +132,24 @@ def _fused_bwd(cfg, return_v_seq, res, cts):
                              jax.ShapeDtypeStruct((chunks,), x.dtype)))
     dx, dv0, dk = call(x, v0, _k(cfg, w, x.dtype), ds.astype(x.dtype), dv,
                        surrogate=np.int64(_SURROGATE_IDS[type(cfg.surrogate)]), **attrs)
-    return dx, dv0, (F.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
+    return dx, dv0, (B.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
+
+
+def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.Array, w):
+    """The fused forward on ``x [T, M]`` (already in the state dtype), for callers that run it per shard.
+
+    Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
+    each ``[..., M]`` (none here). ``snnjax.neurons.sharded`` calls this and ``backward_rule``.
+    """
+    build.load()
+    return _forward(cfg, return_v_seq, x, v0, w), ()
+
+
+def backward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, saved: tuple, v0: jax.Array, w, ds, dv):
+    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero."""
+    ds = SymbolicZero(jax.typeof(x)) if ds is None else ds
+    dv = SymbolicZero(jax.typeof(x).update(shape=x.shape[int(not return_v_seq):])) if dv is None else dv
+    return _fused_bwd(cfg, return_v_seq, (x, *saved, v0, w), (ds, dv))

@@ -6,7 +6,7 @@
 // it vectorises. Bytes per neuron-step (F = float): forward 8 (read X, write S), backward
 // 12 (read X and dS, write dX; H is recomputed into a per-chunk scratch that stays in
 // cache). The forward rounds as the XLA path compiled for the same CPU does
-// (snnjax/neurons/functional.py), so the spikes and states are the same bits.
+// (snnjax/neurons/base.py), so the spikes and states are the same bits.
 #pragma once
 
 #include <cmath>

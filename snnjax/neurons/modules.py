@@ -8,8 +8,8 @@ potential lives in a ``MembranePotential`` variable across calls until
 ``reset()`` (or ``reset_net(model)``). ``step(x, v)`` is the explicit-state
 single step. With ``store_v_seq=True`` the multi-step state sequence is sown as an
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
-``impl`` (``"auto"``, ``"xla"``, ``"pallas"``) picks the multi-step implementation, as in
-``functional.multistep``; it can be changed on a built model (``node.impl = "pallas"``).
+``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``) picks the multi-step implementation
+(``snnjax.neurons.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
+from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
 
 
@@ -30,7 +31,7 @@ class MembranePotential(nnx.Variable):
 class BaseNode(nnx.Module):
     """Shared machinery of IF / LIF / PLIF; subclasses set ``kind`` and the decay."""
 
-    kind: F.Kind = "IF"
+    kind: B.Kind = "IF"
 
     def __init__(
         self,
@@ -42,8 +43,8 @@ class BaseNode(nnx.Module):
         store_v_seq: bool = False,
         impl: str = "auto",
     ):
-        if impl not in F.IMPLS:
-            raise ValueError(f"impl must be one of {F.IMPLS}, got {impl!r}")
+        if impl not in dispatch.IMPLS:
+            raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
         if step_mode not in ("s", "m"):
             raise ValueError(f"step_mode must be 's' (single-step) or 'm' (multi-step), got {step_mode!r}")
         self.v_threshold = v_threshold
@@ -67,9 +68,9 @@ class BaseNode(nnx.Module):
         return None
 
     @property
-    def config(self) -> F.NeuronConfig:
+    def config(self) -> B.NeuronConfig:
         """The static hyperparameters as a ``NeuronConfig``."""
-        return F.NeuronConfig(
+        return B.NeuronConfig(
             kind=self.kind,
             v_threshold=self.v_threshold,
             v_reset=self.v_reset,
@@ -94,12 +95,12 @@ class BaseNode(nnx.Module):
 
         Returns ``(spikes [T, ...], v)``, ``v`` being ``[T, ...]`` if ``return_v_seq`` else the final state.
         """
-        return F.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq,
+        return dispatch.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq,
                            impl=self.impl)
 
     def step(self, x: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One explicit-state step: ``(spikes, new state)``."""
-        return F.step(self.config, x, v, self.decay_param())
+        return B.step(self.config, x, v, self.decay_param())
 
     def reset(self) -> None:
         """Forget the streaming state (SpikingJelly's ``reset()``)."""
@@ -123,7 +124,7 @@ class LIFNode(BaseNode):
         self.tau = float(tau)
         self.decay_input = decay_input
         super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
-        F.NeuronConfig(kind="LIF", tau=self.tau)  # validates tau
+        B.NeuronConfig(kind="LIF", tau=self.tau)  # validates tau
 
     def _config_kwargs(self):
         return {"tau": self.tau, "decay_input": self.decay_input}

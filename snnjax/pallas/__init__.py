@@ -1,8 +1,8 @@
 """Fused multi-timestep IF / LIF / PLIF kernels in Pallas (forward and backward).
 
-``multistep`` is the entry point (``functional.multistep(..., impl="pallas")`` calls it);
+``multistep`` is the entry point (``snnjax.neurons.multistep(..., impl="pallas")`` calls it);
 ``KernelOptions`` holds the GPU-facing choices (block sizes, Triton launch parameters,
-interpret mode). The pure-JAX reference is the XLA path, ``functional.multistep``.
+interpret mode). The pure-JAX reference is the XLA path, ``snnjax.neurons.xla``.
 Layout: ``api`` (custom_vjp, flattening, what is stored), ``forward`` and ``backward``
 (one kernel each), ``lanes`` (masked rows), ``options``; ``check`` runs the compiled kernels
 against the XLA path on a GPU.

@@ -1,6 +1,6 @@
 """``multistep`` through the fused Pallas kernels, with a ``custom_vjp`` around them.
 
-Same contract as ``snnjax.neurons.functional.multistep`` (which dispatches here for
+Same contract as ``snnjax.neurons.multistep`` (which dispatches here for
 ``impl="pallas"``, and for ``impl="auto"`` on GPU): ``x_seq [T, ...]`` with any trailing
 shape is flattened to ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PLIF's ``w``.
 
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.pallas.backward import backward
 from snnjax.pallas.forward import forward
 from snnjax.pallas.options import DEFAULT, KernelOptions
@@ -45,7 +45,7 @@ from snnjax.pallas.options import DEFAULT, KernelOptions
 GPU_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
-def unsupported_reason(cfg: F.NeuronConfig, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
+def unsupported_reason(cfg: B.NeuronConfig, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
     """Why the Pallas path cannot run this neuron on inputs of ``shape``/``dtype`` (None if it can)."""
     del cfg  # every IF / LIF / PLIF variant and surrogate is handled
     dtype = jnp.dtype(dtype)
@@ -61,28 +61,28 @@ def unsupported_reason(cfg: F.NeuronConfig, shape, dtype, opts: KernelOptions = 
     return None
 
 
-def multistep(cfg: F.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
+def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
               options: KernelOptions = DEFAULT):
-    """``(spikes [T, ...], v)`` as ``functional.multistep``, computed by the fused kernels.
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the fused kernels.
 
     Raises ValueError (see ``unsupported_reason``) where the kernels cannot run.
     """
-    F.check_decay_param(cfg, w)
+    B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype, options)
     if reason is not None:
         raise ValueError(f"the Pallas neuron kernels cannot run this call: {reason}; use impl='xla'")
     if v_init is None:  # one start for every neuron: no [M] array read, no dV_init written
-        v0 = jnp.full((), cfg.vr, F.state_dtype(x_seq.dtype))
+        v0 = jnp.full((), cfg.vr, B.state_dtype(x_seq.dtype))
     else:
-        v0 = F._broadcast_state(cfg, x_seq, v_init).reshape(-1)
+        v0 = B.broadcast_state(cfg, x_seq, v_init).reshape(-1)
     T, trailing = x_seq.shape[0], x_seq.shape[1:]
     s, v = _fused(cfg, return_v_seq, options, x_seq.reshape(T, -1), v0, w)
     return s.reshape(x_seq.shape), v.reshape(x_seq.shape if return_v_seq else trailing)
 
 
 def _decay_row(cfg, opts, w, m, sdt, backward):
-    """PLIF's k = sigmoid(w) in the state dtype (rounded as ``functional.charge`` does), as one block-wide row."""
+    """PLIF's k = sigmoid(w) in the state dtype (rounded as ``base.charge`` does), as one block-wide row."""
     if cfg.kind != "PLIF":
         return None
     k = jax.nn.sigmoid(jnp.asarray(w).reshape(())).astype(sdt)
@@ -112,7 +112,26 @@ def _fused_bwd(cfg, return_v_seq, opts, res, cts):
     k_row = _decay_row(cfg, opts, w, x.shape[1], v0.dtype, True)
     dx, dv0, dk = backward(cfg, return_v_seq, opts, x, ck, v0, k_row, ds, dv)
     dv0 = jnp.zeros((), v0.dtype) if dv0 is None else dv0  # a shared start is a constant
-    return dx, dv0, (F.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
+    return dx, dv0, (B.plif_dw(cfg, w, jnp.sum(dk)) if cfg.kind == "PLIF" else None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
+
+
+def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.Array, w,
+                 options: KernelOptions = DEFAULT):
+    """The fused forward on ``x [T, M]``, for callers that run it per shard.
+
+    Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
+    each ``[..., M]`` (the V checkpoints, if any). ``snnjax.neurons.sharded`` calls this and ``backward_rule``.
+    """
+    outs, (_, ck, _, _) = _fused_fwd(cfg, return_v_seq, options, x, v0, w)
+    return outs, (() if ck is None else (ck,))
+
+
+def backward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, saved: tuple, v0: jax.Array, w, ds, dv,
+                  options: KernelOptions = DEFAULT):
+    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero."""
+    ds = SymbolicZero(jax.typeof(x)) if ds is None else ds
+    dv = SymbolicZero(jax.typeof(x).update(shape=x.shape[int(not return_v_seq):])) if dv is None else dv
+    return _fused_bwd(cfg, return_v_seq, options, (x, saved[0] if saved else None, v0, w), (ds, dv))

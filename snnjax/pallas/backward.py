@@ -23,13 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.pallas.forward import checkpoint_rows, chunks, start_row
 from snnjax.pallas.lanes import Lanes
 from snnjax.pallas.options import KernelOptions
 
 
-def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool, dv0_out: bool, m: int, x_ref,
+def _kernel(cfg: B.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool, dv0_out: bool, m: int, x_ref,
             *refs):
     plif = cfg.kind == "PLIF"
     refs = list(refs)
@@ -54,10 +54,10 @@ def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool
         hs, dh_dk = [], []
         for j in range(length):  # recompute H (and PLIF's dH/dk) forward in time
             x = io.load(x_ref, c * K + j).astype(sdt)
-            h = F.charge(cfg, v, x, None, k=k)
+            h = B.charge(cfg, v, x, None, k=k)
             if plif:
                 dh_dk.append(x - (v - cfg.vr) if cfg.decay_input else -(v - cfg.vr))
-            v = F.reset(cfg, h, (h >= cfg.v_threshold).astype(sdt))
+            v = B.reset(cfg, h, (h >= cfg.v_threshold).astype(sdt))
             hs.append(h)
         for j in reversed(range(length)):
             t = c * K + j
@@ -66,10 +66,10 @@ def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool
             h = hs[j]
             g = cfg.surrogate.grad(h - cfg.v_threshold)
             s = (h >= cfg.v_threshold).astype(sdt)
-            dh = io.load(ds_ref, t).astype(sdt) * g + dv * F.dv_dh(cfg, h, s, g)
+            dh = io.load(ds_ref, t).astype(sdt) * g + dv * B.dv_dh(cfg, h, s, g)
             if plif:
                 dk = dk + dh * dh_dk[j]
-            io.store(dx_ref, F.dx_from_dh(cfg, dh, k).astype(dx_ref.dtype), t)
+            io.store(dx_ref, B.dx_from_dh(cfg, dh, k).astype(dx_ref.dtype), t)
             dv = dh * carry_factor
         return dv, dk
 
@@ -91,7 +91,7 @@ def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool
         io.store(dk_ref, dk)
 
 
-def backward(cfg: F.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, ck, v0, k, ds, dv):
+def backward(cfg: B.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, ck, v0, k, ds, dv):
     """``(dx [T, M] in x.dtype, dv0 [M] or None, dk [M] per-neuron partials or None)``.
 
     ``ck``: the forward's checkpoints (None for T <= K); ``v0``: the start state, ``[M]``, or

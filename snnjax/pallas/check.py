@@ -8,7 +8,7 @@ surrogate) triple, with detach_reset, decay_input, ``return_v_seq``, custom thre
 reset potentials, random ``v_init`` rotating through them, in float32 and (every other
 case) bfloat16, on a shape whose M is not a multiple of any block (partial last block).
 Per case it compares spikes (exactly equal fraction), V, and the VJP w.r.t. ``x``,
-``v_init`` and PLIF's ``w`` (normwise relative error) with ``functional.multistep(impl="xla")``
+``v_init`` and PLIF's ``w`` (normwise relative error, ``snnjax.neurons.compare``) with the XLA path
 run on the same device, prints one line (and one JSON record with ``--out``), and exits 1
 if any case exceeds the tolerances: at most 1e-4 of the spikes differ (the GPU compilers
 may contract a multiply-add differently, which can move a value sitting exactly on the
@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from snnjax import pallas as P
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
+from snnjax.neurons.compare import differences, run_vjp
 
 SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0)]
 SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size
@@ -42,30 +43,11 @@ def cases():
     for i, (kind, reset, surrogate) in enumerate(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"],
                                                                    SURROGATES)):
         v_reset = None if reset == "soft" else (0.0 if i % 3 else -0.2)
-        cfg = F.NeuronConfig(kind=kind, tau=1.5 + 0.5 * (i % 3), decay_input=i % 2 == 0,
+        cfg = B.NeuronConfig(kind=kind, tau=1.5 + 0.5 * (i % 3), decay_input=i % 2 == 0,
                              v_threshold=1.0 if i % 4 else 0.7, v_reset=v_reset, detach_reset=(i // 2) % 2 == 1,
                              surrogate=surrogate)
         for dtype in (["float32", "bfloat16"] if i % 2 == 0 else ["float32"]):
             yield cfg, dtype, i % 3 == 1, i % 4 != 0
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def run_vjp(impl: str, cfg: F.NeuronConfig, return_v_seq: bool, opts: P.KernelOptions, x, v_init, w, ct_s, ct_v):
-    """Outputs of ``impl`` ("pallas" or "xla") and their VJP w.r.t. (x, v_init, w) for cotangents (ct_s, ct_v)."""
-    if impl == "pallas":
-        fn = functools.partial(P.multistep, cfg, return_v_seq=return_v_seq, options=opts)
-    else:
-        fn = functools.partial(F.multistep, cfg, return_v_seq=return_v_seq, impl="xla")
-    out, vjp = jax.vjp(fn, x, v_init, w)
-    return out, vjp((ct_s, ct_v))
-
-
-def rel_error(got, want) -> float:
-    """Normwise relative difference of two same-shape arrays (0 when both are zero)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    denom = max(np.linalg.norm(want), np.linalg.norm(got))
-    return 0.0 if denom == 0 else float(np.linalg.norm(got - want) / denom)
 
 
 def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
@@ -77,15 +59,11 @@ def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
     w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
     ct_s = jnp.asarray(rng.normal(size=SHAPE), dt)
     ct_v = jnp.asarray(rng.normal(size=SHAPE if return_v_seq else SHAPE[1:]), jnp.float32)
-    (s_p, v_p), g_p = run_vjp("pallas", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
-    (s_x, v_x), g_x = run_vjp("xla", cfg, return_v_seq, opts, x, v_init, w, ct_s, ct_v)
-    s_p, s_x = np.asarray(s_p, np.float32), np.asarray(s_x, np.float32)
-    rec = {"spike_mismatch": float(np.mean(s_p != s_x)), "fire_rate": float(s_x.mean()),
-           "v": rel_error(v_p, v_x), "finite": bool(np.isfinite(np.asarray(v_p, np.float32)).all())}
-    for name, gp, gx in zip(("dx", "dv_init", "dw"), g_p, g_x):
-        if gx is not None:
-            rec[name] = rel_error(gp, gx)
-            rec["finite"] &= bool(np.isfinite(np.asarray(gp, np.float32)).all())
+    args = (cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
+    got, want = run_vjp(functools.partial(P.multistep, options=opts), *args), run_vjp("xla", *args)
+    (_, v_p), g_p = got
+    rec = {**differences(got, want), "fire_rate": float(np.mean(np.asarray(want[0][0], np.float32))),
+           "finite": all(bool(np.isfinite(np.asarray(a, np.float32)).all()) for a in (v_p, *g_p) if a is not None)}
     tol = GRAD_TOL[dtype]
     rec["ok"] = (rec["finite"] and rec["spike_mismatch"] <= MAX_SPIKE_MISMATCH and rec["v"] <= tol
                  and all(rec[k] <= tol for k in ("dx", "dv_init", "dw") if k in rec))

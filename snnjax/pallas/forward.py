@@ -7,7 +7,7 @@ one row of spikes (and of V when the sequence is wanted). The steps run in chunk
 also writes V at the start of every chunk but the first, which starts at V_init
 (``[ceil(T/K) - 1, M]`` checkpoints, ``4/K`` bytes per neuron-step, none for T <= K), from
 which the backward recomputes one chunk of H at a time. The
-charge and reset are the XLA path's own functions (``functional.charge`` / ``reset``),
+charge and reset are the XLA path's own functions (``base.charge`` / ``reset``),
 so the operation order, hence every spike, is the same. A partial last block is handled
 by ``lanes.Lanes`` (masked rows).
 """
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from snnjax.neurons import functional as F
+from snnjax.neurons import base as B
 from snnjax.pallas.lanes import Lanes
 from snnjax.pallas.options import KernelOptions
 
@@ -29,7 +29,7 @@ def chunks(T: int, K: int) -> tuple[int, int]:
     return T // K, T % K
 
 
-def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, checkpoints: bool, m: int,
+def _kernel(cfg: B.NeuronConfig, T: int, K: int, return_v_seq: bool, checkpoints: bool, m: int,
             x_ref, v0_ref, *refs):
     if cfg.kind == "PLIF":
         k_ref, *refs = refs
@@ -41,9 +41,9 @@ def _kernel(cfg: F.NeuronConfig, T: int, K: int, return_v_seq: bool, checkpoints
     sdt = v0_ref.dtype
 
     def step(t, v):
-        h = F.charge(cfg, v, io.load(x_ref, t).astype(sdt), None, k=k)
+        h = B.charge(cfg, v, io.load(x_ref, t).astype(sdt), None, k=k)
         s = (h >= cfg.v_threshold).astype(sdt)
-        v = F.reset(cfg, h, s)
+        v = B.reset(cfg, h, s)
         io.store(s_ref, s.astype(s_ref.dtype), t)
         if return_v_seq:
             io.store(v_ref, v, t)
@@ -77,7 +77,7 @@ def start_row(v0, bm: int):
     return v0, pl.BlockSpec((bm,), lambda i: (i,))
 
 
-def forward(cfg: F.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, v0, k, checkpoints: bool):
+def forward(cfg: B.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, v0, k, checkpoints: bool):
     """``(spikes [T, M] in x.dtype, V [T, M] or [M] in v0.dtype, checkpoints or None)``.
 
     ``x [T, M]``; ``v0 [M]``, or a scalar start shared by every neuron; ``k``: PLIF's
@@ -93,7 +93,8 @@ def forward(cfg: F.NeuronConfig, return_v_seq: bool, opts: KernelOptions, x, v0,
     lane = pl.BlockSpec((bm,), lambda i: (i,))
     v0, v0_spec = start_row(v0, bm)
     in_specs = [row, v0_spec] + ([pl.BlockSpec((bm,), lambda i: (0,))] if k is not None else [])
-    out_shape = [jax.ShapeDtypeStruct((T, M), x.dtype), jax.ShapeDtypeStruct((T, M) if return_v_seq else (M,), v0.dtype)]
+    out_shape = [jax.ShapeDtypeStruct((T, M), x.dtype),
+                 jax.ShapeDtypeStruct((T, M) if return_v_seq else (M,), v0.dtype)]
     out_specs = [row, row if return_v_seq else lane]
     if checkpoints:
         out_shape.append(jax.ShapeDtypeStruct((n_ck, M), v0.dtype))

@@ -74,7 +74,7 @@ class KernelOptions:
         """Triton ``compiler_params`` for ``pl.pallas_call`` (None in interpret mode)."""
         if self.use_interpret():
             return None
-        from jax.experimental.pallas import triton as pl_triton
+        from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU only)
 
         return pl_triton.CompilerParams(num_warps=self.num_warps_backward if backward else self.num_warps,
                                         num_stages=self.num_stages)

@@ -25,9 +25,21 @@ height     image rows (activations only; split by sequence parallelism)
 The names are plain metadata, not Flax's ``out_sharding`` (which would make
 every variable creation need a mesh); nothing is sharded until a plan is applied.
 
-Activations: models call ``constrain(x, names)`` at a few points; it is a no-op
-unless a plan's rules are active (``activation_rules``), so the same model code
-runs unsharded, in tests and in notebooks.
+The layout context
+------------------
+While a plan's step is traced, ``StepLayout.context()`` (``snnjax.parallel.layout``)
+enters two contexts, and the code below reads them; nothing else in the model
+code changes with the layout:
+
+* this module's activation rules (``activation_rules``): ``constrain(x, names)``
+  maps logical names onto the mesh (a no-op without rules, so the same model code
+  runs unsharded, in tests and in notebooks); ``batch_is_split()`` makes
+  ``layers.conv.Conv2d`` merge ``[T, N]`` as ``[N*T]`` so a split batch stays split;
+  ``is_partitioned()`` makes ``layers.pooling.max_pool2d`` use a backward the SPMD
+  partitioner can split;
+* JAX's own mesh context (``jax.sharding.use_abstract_mesh``), which
+  ``snnjax.neurons.dispatch`` reads through ``jax.sharding.get_abstract_mesh()`` to
+  choose the neuron implementation.
 """
 from __future__ import annotations
 
@@ -38,6 +50,8 @@ from collections.abc import Mapping, Sequence
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
+
+from snnjax.parallel.rules import logical_spec
 
 LOGICAL_AXES = ("batch", "time", "embed", "mlp", "heads", "head_dim", "qkv", "window", "classes", "length",
                 "height")
@@ -120,7 +134,5 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     mesh, rules = active
     if len(names) != x.ndim:
         raise ValueError(f"constrain: {len(names)} names {tuple(names)} for an array of shape {x.shape}")
-    from snnjax.parallel.rules import logical_spec
-
     spec, _ = logical_spec(names, x.shape, rules, dict(mesh.shape))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -1,113 +1,39 @@
-"""``analyze`` a model, ``plan`` a layout for it on a mesh, ``apply`` the plan to a train state.
+"""``plan`` a layout for a model on a mesh: inspectable data, and the shardings it implies.
 
     info = parallel.analyze(model)                         # neurons, parameters, tensor-parallel layers
     p = parallel.plan(model, mesh, mode="fsdp_tp")         # or mode="auto", objective="memory"
     print(p)                                               # each parameter's PartitionSpec and bytes per device
-    state, step = parallel.apply(p, state, step_cfg, graphdef, tx)
+    state, step = snnjax.train.apply_plan(p, state, step_cfg, graphdef, tx)
     state, metrics = step(state, batch)
 
 A plan is inspectable data: the strategy (``snnjax.parallel.rules``), the mesh
 axis sizes, every parameter's layout (stored / compute / gradient / optimizer
 ``PartitionSpec``) with its bytes per device, the collectives the strategy
-implies, and, for ``mode="auto"``, why that mode was chosen. Planning needs no
-devices (``plan(model, 64, mode="fsdp")`` works on a laptop); applying does.
+implies, and, for ``mode="auto"``, why that mode was chosen (``snnjax.parallel.auto``).
+Planning needs no devices (``plan(model, 64, mode="fsdp")`` works on a laptop);
+applying it (``snnjax.train.apply_plan``) does.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from snnjax.parallel import auto as auto_lib
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
+from snnjax.parallel.analyze import tp_role
+from snnjax.parallel.describe import format_plan, spec_str
+from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import logical_axes
-
-OBJECTIVES = ("speed", "memory")
-
-
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
-def _path_str(path) -> str:
-    if path and getattr(path[-1], "name", None) == "value":  # a Variable's value
-        path = path[:-1]
-    parts = []
-    for k in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return ".".join(parts)
-
-
-def _value(var):
-    return var.get_value() if _is_var(var) else var
-
-
-def _split(model_or_state):
-    """``(params, model_state, opt_state)`` of a model, a TrainState or a parameter State."""
-    if isinstance(model_or_state, nnx.Module):
-        _, params, _, rest = nnx.split(model_or_state, nnx.Param, nnx.RngState, ...)
-        return params, rest, None
-    if hasattr(model_or_state, "params") and hasattr(model_or_state, "opt_state"):
-        return model_or_state.params, model_or_state.model_state, model_or_state.opt_state
-    return model_or_state, None, None
-
-
-def _flat_vars(tree) -> list[tuple[str, Any]]:
-    if tree is None:
-        return []
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_var)[0]
-    return [(_path_str(p), v) for p, v in leaves]
-
-
-# -- analyze ------------------------------------------------------------------------------------
-
-
-def _tp_role(names) -> str | None:
-    """``column`` / ``row`` for a kernel tensor parallelism splits (kernels are ``[*in, *out]``; a row-parallel
-    layer's output dim is whole), else None."""
-    if not names or not {"mlp", "heads"} & set(names) or len(names) < 2:
-        return None
-    return "row" if names[-1] in ("embed", "classes") else "column"
-
-
-def analyze(model: nnx.Module) -> dict[str, Any]:
-    """What a parallel plan works with: ``neurons``, ``parameters`` (path, shape, dtype, logical names),
-    ``tp_layers`` (layers tensor parallelism splits: column- or row-parallel, kernel shape) and
-    ``unannotated`` parameters (no logical names: never tensor-split)."""
-    from snnjax.neurons.modules import BaseNode
-
-    neurons = []
-    for path, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode):
-            cfg = module.config
-            neurons.append({"path": ".".join(map(str, path)), "kind": cfg.kind, "step_mode": module.step_mode,
-                            "v_threshold": cfg.v_threshold, "v_reset": cfg.v_reset,
-                            "surrogate": type(cfg.surrogate).__name__})
-    params = []
-    for path, var in _flat_vars(nnx.state(model, nnx.Param)):
-        val = _value(var)
-        params.append({"path": path, "shape": tuple(np.shape(val)), "dtype": str(np.dtype(val.dtype)),
-                       "size": int(np.size(val)), "logical_axes": logical_axes(var)})
-    tp_layers = [{"layer": p["path"].rsplit(".", 1)[0], "role": _tp_role(p["logical_axes"]),
-                  "kernel_shape": p["shape"], "logical_axes": p["logical_axes"]}
-                 for p in params if p["path"].endswith("kernel") and _tp_role(p["logical_axes"])]
-    unannotated = [p["path"] for p in params if p["logical_axes"] is None and p["shape"]]
-    return {"model": type(model).__name__, "num_params": sum(p["size"] for p in params),
-            "param_bytes": sum(p["size"] * np.dtype(p["dtype"]).itemsize for p in params),
-            "neurons": neurons, "parameters": params, "tp_layers": tp_layers, "unannotated": unannotated}
-
+from snnjax.parallel.variables import flat_vars, is_var, path_str, split_state, value
 
 # -- plan ---------------------------------------------------------------------------------------
 
@@ -127,18 +53,14 @@ class ParamPlan:
         lay = self.layout
         return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype,
                 "logical_axes": list(self.logical_axes) if self.logical_axes else None,
-                "param_spec": _spec_str(lay.param), "compute_spec": _spec_str(lay.compute),
-                "grad_spec": _spec_str(lay.grad), "opt_spec": _spec_str(lay.opt), "bytes": self.bytes,
+                "param_spec": spec_str(lay.param), "compute_spec": spec_str(lay.compute),
+                "grad_spec": spec_str(lay.grad), "opt_spec": spec_str(lay.opt), "bytes": self.bytes,
                 "param_bytes_per_device": self.param_bytes, "notes": list(lay.notes)}
-
-
-def _spec_str(spec: PartitionSpec) -> str:
-    return "(" + ", ".join("-" if e is None else (e if isinstance(e, str) else "+".join(e)) for e in spec) + ")"
 
 
 def _local_bytes(shape, spec, axis_sizes, itemsize) -> int:
     shards = rules_lib.spec_shards(spec, axis_sizes, len(shape))
-    return int(math.prod(n // s for n, s in zip(shape, shards)) * itemsize)
+    return int(math.prod(n // s for n, s in zip(shape, shards, strict=True)) * itemsize)
 
 
 @dataclasses.dataclass
@@ -187,27 +109,7 @@ class Plan:
                 "params": [p.as_dict() for p in self.params]}
 
     def __str__(self) -> str:
-        t = self.totals()
-        mesh = " x ".join(f"{k}={v}" for k, v in self.axis_sizes.items() if v > 1) or "1 device"
-        sp = ", sequence parallel" if self.strategy.sequence_parallel else ""
-        lines = [f"plan: mode={self.mode} (zero_stage={self.zero_stage}{sp}) on {mesh}: {self.strategy.description}"]
-        lines += [f"  why: {r}" for r in self.reasons]
-        w = max([len(p.path) for p in self.params] + [9])
-        lines.append(f"  {'parameter':<{w}}  {'shape':<18} {'logical axes':<34} {'stored':<22} {'optimizer':<22} "
-                     f"{'bytes/device':>12}")
-        for p in self.params:
-            names = "(" + ", ".join(n or "-" for n in p.logical_axes) + ")" if p.logical_axes else "(unnamed)"
-            lines.append(f"  {p.path:<{w}}  {str(p.shape):<18} {names:<34} {_spec_str(p.layout.param):<22} "
-                         f"{_spec_str(p.layout.opt):<22} {p.param_bytes:>12,}")
-            for note in p.layout.notes:
-                lines.append(f"  {'':<{w}}    note: {note}")
-        lines.append(f"  per device: parameters {t['param_bytes_per_device']:,} B (of {t['param_bytes']:,}), "
-                     f"gradients {t['grad_bytes_per_device']:,} B, optimizer ({self.opt_slots} slots) "
-                     f"{t['optimizer_bytes_per_device']:,} B (replicated: {t['optimizer_bytes_replicated']:,})")
-        for c in self.expected_collectives:
-            size = f"{c['bytes']:,} B" if c.get("bytes") is not None else "activation-sized"
-            lines.append(f"  expect {c['kind']} over {'x'.join(c['over'])}: {c['what']} ({size})")
-        return "\n".join(lines)
+        return format_plan(self)
 
     # -- shardings -----------------------------------------------------------------------------
 
@@ -223,13 +125,13 @@ class Plan:
         by_path = {p.path: p.layout for p in self.params}
 
         def f(path, var):
-            key = _path_str(path)
+            key = path_str(path)
             if key not in by_path:
                 raise KeyError(f"parameter {key!r} is not in the plan (plan the same model you apply it to)")
             sharding = NamedSharding(mesh, getattr(by_path[key], which))
-            return var.replace(sharding) if _is_var(var) else sharding
+            return var.replace(sharding) if is_var(var) else sharding
 
-        return jax.tree_util.tree_map_with_path(f, params, is_leaf=_is_var)
+        return jax.tree_util.tree_map_with_path(f, params, is_leaf=is_var)
 
     def param_shardings(self, params, which: str = "param"):
         """Shardings shaped like ``params``: ``which`` is ``param`` (stored), ``compute``, ``grad`` or ``opt``."""
@@ -240,23 +142,21 @@ class Plan:
         mesh = self._require_mesh()
 
         def f(var):
-            val = _value(var)
+            val = value(var)
             shape = tuple(np.shape(val))
             spec = rules_lib.state_spec(logical_axes(var), shape, self.strategy, self.axis_sizes)
             sharding = NamedSharding(mesh, spec)
-            return var.replace(sharding) if _is_var(var) else sharding
+            return var.replace(sharding) if is_var(var) else sharding
 
-        return jax.tree.map(f, model_state, is_leaf=_is_var)
+        return jax.tree.map(f, model_state, is_leaf=is_var)
 
     def opt_state_shardings(self, tx, opt_state, params):
         """Optimizer state: parameter-shaped parts as the plan's ``opt`` layout, the rest replicated."""
-        import optax
-
         mesh = self._require_mesh()
         opt = self.param_shardings(params, "opt")
         replicated = NamedSharding(mesh, PartitionSpec())
         return optax.tree_map_params(tx, lambda _, s: s, opt_state, opt,
-                                     transform_non_params=lambda _: replicated, is_leaf=_is_var)
+                                     transform_non_params=lambda _: replicated, is_leaf=is_var)
 
     def state_shardings(self, state, tx):
         """Shardings of a ``TrainState`` (step and RNG streams replicated)."""
@@ -271,8 +171,14 @@ class Plan:
         """An input array's sharding: ``batch_axis`` over ``data x fsdp``."""
         return mesh_lib.batch_sharding(self._require_mesh(), ndim, batch_axis)
 
+    def step_layout(self, params) -> StepLayout:
+        """The ``StepLayout`` the train / eval steps take for this plan (``params`` gives the tree's shape)."""
+        return StepLayout(mesh=self._require_mesh(), rules=self.rules,
+                          params=self.param_shardings(params, "compute"), grads=self.param_shardings(params, "grad"))
+
 
 def _axis_sizes(mesh_or_count, mode: str | None) -> tuple[dict[str, int], Mesh | None]:
+    """Axis sizes and (where this process has the devices) the mesh, from a Mesh, a mesh spec or a device count."""
     if isinstance(mesh_or_count, Mesh):
         sizes = {a: int(mesh_or_count.shape.get(a, 1)) for a in mesh_lib.AXES}
         extra = set(mesh_or_count.axis_names) - set(mesh_lib.AXES)
@@ -281,108 +187,21 @@ def _axis_sizes(mesh_or_count, mode: str | None) -> tuple[dict[str, int], Mesh |
                              "with snnjax.parallel.make_mesh")
         return sizes, mesh_or_count
     if isinstance(mesh_or_count, str):
-        n = jax.device_count()
-        sizes = mesh_lib.mesh_shape(mesh_or_count, n)
-        return sizes, mesh_lib.make_mesh(mesh_or_count)
+        return mesh_lib.mesh_shape(mesh_or_count, jax.device_count()), mesh_lib.make_mesh(mesh_or_count)
     if isinstance(mesh_or_count, (int, np.integer)):
-        n = int(mesh_or_count)
-        if n < 1:
-            raise ValueError(f"device count must be >= 1, got {n}")
-        sizes = dict.fromkeys(mesh_lib.AXES, 1)
-        if mode in ("dp", "zero1", "zero2", None):
-            sizes["data"] = n
-        elif mode == "fsdp":
-            sizes["fsdp"] = n
-        elif mode == "tp":
-            sizes["tensor"] = n
-        elif mode in ("fsdp_tp", "dp_tp"):
-            if n % 2 or n < 4:
-                raise ValueError(f"mode {mode!r} on {n} devices: give a Mesh or a mesh spec (e.g. "
-                                 f"'{'fsdp' if mode == 'fsdp_tp' else 'data'}=-1,tensor=2'); {n} devices do not "
-                                 "split into tensor=2 and the rest")
-            sizes["tensor"] = 2
-            sizes["fsdp" if mode == "fsdp_tp" else "data"] = n // 2
-        elif mode == "hybrid":
-            raise ValueError("mode 'hybrid' takes its axes from the mesh; pass a Mesh or a mesh spec like "
-                             "'data=2,fsdp=2,tensor=2'")
-        elif mode != "none":
-            rules_lib.get_strategy(mode)  # raises for unknown modes
-        if mode == "none":
-            sizes = dict.fromkeys(mesh_lib.AXES, 1)
-        total = math.prod(sizes.values())
-        mesh = None
-        if total <= jax.device_count():
-            spec = ",".join(f"{a}={s}" for a, s in sizes.items())
-            mesh = mesh_lib.make_mesh(spec, jax.devices()[:total])
-        return sizes, mesh
+        sizes = auto_lib.default_axis_sizes(mode, int(mesh_or_count))
+        return sizes, _mesh_if_available(sizes)
     raise TypeError(f"plan() takes a Mesh, a device count or a mesh spec string, got {type(mesh_or_count).__name__}")
 
 
-def infer_mode(axis_sizes: Mapping[str, int]) -> str:
-    """The named mode that uses exactly the mesh's axes of size > 1."""
-    used = {a for a in ("data", "fsdp", "tensor") if axis_sizes.get(a, 1) > 1}
-    return {frozenset(): "none", frozenset({"data"}): "dp", frozenset({"fsdp"}): "fsdp",
-            frozenset({"data", "fsdp"}): "fsdp", frozenset({"tensor"}): "tp",
-            frozenset({"fsdp", "tensor"}): "fsdp_tp", frozenset({"data", "fsdp", "tensor"}): "hybrid",
-            frozenset({"data", "tensor"}): "dp_tp"}[frozenset(used)]
-
-
-def _memory_budget() -> int | None:
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001 - backends without memory stats
-        return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-
-
-def _auto(n: int, info: list[tuple], opt_slots: int, has_tp: bool, objective: str, budget: int | None,
-          global_batch_size: int | None) -> tuple[str, dict[str, int], list[str]]:
-    """Pick mode and mesh for ``n`` devices; returns ``(mode, axis_sizes, reasons)``."""
-    total = sum(b for *_, b in info)
-    sizes = dict.fromkeys(mesh_lib.AXES, 1)
-    if n == 1:
-        return "none", sizes, ["one device: nothing to split"]
-    reasons = []
-    batch_shards = math.gcd(n, global_batch_size) if global_batch_size else n
-    tensor = n // batch_shards
-    if tensor > 1:
-        if not has_tp:
-            raise ValueError(f"the global batch of {global_batch_size} splits over only {batch_shards} of {n} "
-                             "devices and the model has no tensor-parallel layers; use a batch size that is a "
-                             f"multiple of {n}")
-        reasons.append(f"the global batch of {global_batch_size} splits over {batch_shards} devices; the other "
-                       f"factor {tensor} goes to tensor parallelism")
-    replicated = total * (2 + opt_slots)  # parameters, gradients, optimizer slots
-    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
-    if objective == "memory":
-        sizes.update(fsdp=batch_shards, tensor=tensor)
-        reasons.append(f"objective=memory: FSDP shards parameters, gradients and optimizer state {batch_shards} ways "
-                       f"({mib(replicated)} replicated -> about {mib(replicated / batch_shards)} per device) and the "
-                       "batch (so activations) as well")
-        mode = "fsdp" if tensor == 1 else "fsdp_tp"
-        if batch_shards == 1:
-            sizes.update(fsdp=1)
-            mode = "tp"
-        return mode, sizes, reasons
-    limit = 0.5 * budget if budget else None
-    if limit is None or replicated <= limit:
-        sizes.update(data=batch_shards, tensor=tensor)
-        why = "no memory limit is known for this backend" if limit is None else \
-            f"{mib(replicated)} of replicated state fits half the device memory ({mib(budget)})"
-        reasons.append(f"objective=speed: data parallelism needs one gradient all-reduce per step, the least "
-                       f"communication; {why}")
-        mode = "dp" if tensor == 1 else ("dp_tp" if batch_shards > 1 else "tp")
-        return mode, sizes, reasons
-    sharded2 = total + (total + opt_slots * total) / batch_shards
-    if sharded2 <= limit and tensor == 1:
-        sizes.update(data=batch_shards)
-        reasons.append(f"objective=speed: replicated state ({mib(replicated)}) exceeds half the device memory; "
-                       f"ZeRO-2 keeps parameters whole but shards gradients and optimizer state ({mib(sharded2)})")
-        return "zero2", sizes, reasons
-    sizes.update(fsdp=batch_shards, tensor=tensor)
-    reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory; FSDP shards "
-                   "the parameters too")
-    return ("fsdp" if tensor == 1 else "fsdp_tp"), sizes, reasons
+def _mesh_if_available(sizes: Mapping[str, int], devices=None) -> Mesh | None:
+    """A mesh of ``sizes`` over the first devices (or ``devices``); None if this process has too few."""
+    total = math.prod(sizes.values())
+    if devices is None:
+        if total > jax.device_count():
+            return None
+        devices = jax.devices()[:total]
+    return mesh_lib.make_mesh(",".join(f"{a}={s}" for a, s in sizes.items()), devices)
 
 
 def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: list[ParamPlan],
@@ -435,12 +254,12 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     ``min_shard_size``: parameters with fewer elements stay unsharded by FSDP / ZeRO.
     Raises ``ValueError`` saying what to change for layouts that cannot work.
     """
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {objective!r}")
-    params, model_state, _ = _split(model_or_state)
+    if objective not in auto_lib.OBJECTIVES:
+        raise ValueError(f"objective must be one of {list(auto_lib.OBJECTIVES)}, got {objective!r}")
+    params, model_state, _ = split_state(model_or_state)
     entries = []
-    for path, var in _flat_vars(params):
-        val = _value(var)
+    for path, var in flat_vars(params):
+        val = value(var)
         entries.append((path, tuple(np.shape(val)), np.dtype(val.dtype), logical_axes(var),
                         int(np.size(val)) * np.dtype(val.dtype).itemsize))
     if not entries:
@@ -455,16 +274,15 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
             n = math.prod(mesh_lib.mesh_shape(mesh_or_device_count, jax.device_count()).values())
         else:
             n = int(mesh_or_device_count)
-        budget = memory_budget_bytes if memory_budget_bytes is not None else _memory_budget()
-        mode, sizes, reasons = _auto(n, entries, opt_slots, has_tp, objective, budget, global_batch_size)
-        spec = ",".join(f"{a}={s}" for a, s in sizes.items())
-        mesh = mesh_lib.make_mesh(spec, jax.devices()[:n]) if n <= jax.device_count() else None
-        if isinstance(mesh_or_device_count, Mesh) and mesh is not None:
-            mesh = mesh_lib.make_mesh(spec, list(mesh_or_device_count.devices.flat))
+        budget = memory_budget_bytes if memory_budget_bytes is not None else auto_lib.device_memory_bytes()
+        mode, sizes, reasons = auto_lib.choose(n, sum(e[-1] for e in entries), opt_slots, has_tp, objective, budget,
+                                               global_batch_size)
+        given = isinstance(mesh_or_device_count, Mesh) and n <= jax.device_count()
+        mesh = _mesh_if_available(sizes, list(mesh_or_device_count.devices.flat) if given else None)
     else:
         sizes, mesh = _axis_sizes(mesh_or_device_count, mode)
         if mode is None:
-            mode = infer_mode(sizes)
+            mode = auto_lib.infer_mode(sizes)
             reasons.append(f"mode {mode!r} follows from the mesh's axes")
     if auto and sequence_parallel and not rules_lib.STRATEGIES[mode].tensor:
         reasons.append(f"sequence_parallel ignored: {mode!r} uses no tensor parallelism")
@@ -484,72 +302,11 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         plans.append(ParamPlan(path, shape, str(dtype), names, lay, nbytes,
                                _local_bytes(shape, lay.param, sizes, dtype.itemsize),
                                _local_bytes(shape, lay.opt, sizes, dtype.itemsize)))
-    tp_layers = [{"role": _tp_role(names)} for path, *_, names, _ in entries
-                 if path.endswith("kernel") and _tp_role(names)]
-    n_bn = sum(1 for path, var in _flat_vars(model_state) if isinstance(var, nnx.BatchStat) and path.endswith("mean"))
+    tp_layers = [{"role": tp_role(names)} for path, *_, names, _ in entries
+                 if path.endswith("kernel") and tp_role(names)]
+    n_bn = sum(1 for path, var in flat_vars(model_state) if isinstance(var, nnx.BatchStat) and path.endswith("mean"))
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,
                 opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected)
 
 
-# -- apply --------------------------------------------------------------------------------------
-
-
-def step_layout(p: Plan, params):
-    """The ``StepLayout`` the train / eval steps take for plan ``p``."""
-    from snnjax.train.step import StepLayout
-
-    mesh = p._require_mesh()
-    return StepLayout(mesh=mesh, rules=p.rules, params=p.param_shardings(params, "compute"),
-                      grads=p.param_shardings(params, "grad"))
-
-
-def apply(p: Plan, state, cfg, graphdef, tx, *, batch_axes: Mapping[str, int] | None = None,
-          batch_ndims: Mapping[str, int] | None = None, donate: bool = True):
-    """Shard ``state`` (a ``TrainState``) as ``p`` says; returns ``(state, step)``, ``step`` the jitted
-    ``train_step(cfg, graphdef, tx, ...)`` with the plan's in/out shardings.
-
-    ``batch_axes`` / ``batch_ndims``: each batch entry's batch axis and rank (e.g. ``{"inputs": 1,
-    "labels": 0}`` and ``{"inputs": 5, "labels": 1}``) to fix the batch's input shardings; without them
-    the batch keeps the shardings it arrives with (``plan.batch_sharding`` builds them).
-    With ``donate`` (default) each step reuses its input state's buffers; arrays of ``state`` that
-    ``device_put`` did not need to move are donated too, so do not reuse ``state`` after the first step.
-    """
-    from snnjax.train.step import train_step
-
-    shardings = p.state_shardings(state, tx)
-    state = jax.device_put(state, shardings)
-    layout = step_layout(p, state.params)
-    batch_sh = None
-    if batch_axes is not None:
-        if batch_ndims is None or set(batch_ndims) != set(batch_axes):
-            raise ValueError("give batch_ndims for the same keys as batch_axes")
-        batch_sh = {k: p.batch_sharding(batch_ndims[k], batch_axes[k]) for k in batch_axes}
-    step = jax.jit(functools.partial(train_step, cfg, graphdef, tx, layout=layout),
-                   in_shardings=(shardings, batch_sh), out_shardings=(shardings, None),
-                   donate_argnums=(0,) if donate else ())
-    return state, step
-
-
-def eval_fn(p: Plan, state, cfg, graphdef):
-    """The jitted ``eval_step`` under plan ``p`` (parameters gathered as in training)."""
-    from snnjax.train.step import eval_step
-
-    layout = step_layout(p, state.params)
-    return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=layout))
-
-
-def describe_shardings(tree, *, title: str | None = None) -> str:
-    """A table of every array in ``tree``: path, shape, dtype and its sharding's PartitionSpec."""
-    rows = [title] if title else []
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not hasattr(x, "shape"):
-            continue
-        spec = getattr(getattr(x, "sharding", None), "spec", None)
-        rows.append(f"  {_path_str(path):<40} {str(tuple(x.shape)):<18} {str(x.dtype):<8} "
-                    f"{_spec_str(spec) if spec is not None else type(getattr(x, 'sharding', None)).__name__}")
-    return "\n".join(rows)
-
-
-__all__ = ["OBJECTIVES", "ParamPlan", "Plan", "analyze", "apply", "describe_shardings", "eval_fn", "infer_mode", "plan",
-           "step_layout"]

@@ -82,7 +82,7 @@ def collective_stats(hlo: str) -> dict[str, dict[str, int]]:
         times = mult.get(comp, 0) if entry else 1
         if not times:
             continue
-        for name, rtype, op, rest in instrs:
+        for name, rtype, op, _rest in instrs:
             kind = op[:-len("-start")] if op.endswith("-start") else op
             if kind not in COLLECTIVES:
                 continue

@@ -31,7 +31,6 @@ TP_RULES: dict[str, str] = {"mlp": "tensor", "heads": "tensor"}
 # ``tensor`` along their height, so their BatchNorm and neurons hold 1/tensor of the activations
 # (reduce-scatter + all-gather in place of the all-reduce, plus halo exchanges for the next conv).
 SEQUENCE_RULES: dict[str, str] = {"height": "tensor"}
-MESH_AXES = ("data", "fsdp", "tensor", "stage")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +185,7 @@ def logical_spec(names: Sequence[str | None] | None, shape: Sequence[int], rules
         return PartitionSpec(*([None] * len(shape))), ()
     used: set[str] = set()
     entries, notes = [], []
-    for name, n in zip(names, shape):
+    for name, n in zip(names, shape, strict=True):
         axes = rules.get(name) if name is not None else None
         axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
         axes = tuple(a for a in axes if axis_sizes.get(a, 1) > 1)

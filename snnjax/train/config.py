@@ -7,10 +7,14 @@ naming the key and the allowed values.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import ml_collections
 
 from snnjax.data import ENCODERS, SOURCE_NAMES
+from snnjax.data.registry import OPTION_TYPES, dataset
 from snnjax.models.registry import MODELS, check_model_kwargs
+from snnjax.parallel.auto import OBJECTIVES
 from snnjax.parallel.rules import MODES as _STRATEGY_MODES
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -19,7 +23,6 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 # none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
 PARALLEL_MODES = (*_STRATEGY_MODES, "auto")
-OBJECTIVES = ("speed", "memory")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -31,10 +34,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"name": "mlp"})  # the rest: the model constructor's keywords
     c.data = ml_collections.ConfigDict()
     c.data.name = "digits"
+    # Where a dataset that reads files finds them; "" or "None" unsets it. A dataset that reads no
+    # files (digits, synthetic_dvs) ignores it, so a config's location never blocks switching data.name.
     c.data.data_dir = ml_collections.config_dict.placeholder(str)
     c.data.time_steps = 4  # T; event datasets integrate into T frames
     c.data.encoder = "direct"  # static images -> spikes over T: direct repetition or poisson
-    c.data.options = ml_collections.ConfigDict()  # extra source options (e.g. size, cache_dir)
+    # One typed slot per option of any dataset (snnjax/data/registry.py), None = the dataset's default;
+    # the chosen dataset gets the options it takes, and the others set are ignored with a note.
+    c.data.options = ml_collections.ConfigDict(
+        {k: ml_collections.config_dict.placeholder(t) for k, t in OPTION_TYPES.items()})
     c.data.prefetch = 2
 
     c.global_batch_size = 64
@@ -96,6 +104,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("parallel.zero_stage", c.parallel.zero_stage, (-1, 0, 1, 2))
     _positive("parallel.min_shard_size", c.parallel.min_shard_size, zero_ok=True)
     check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
+    unknown = sorted(set(c.data.options.keys()) - set(OPTION_TYPES))
+    if unknown:
+        raise ValueError(f"config.data.options has no key(s) {unknown}; the datasets' options are "
+                         f"{sorted(OPTION_TYPES)} (snnjax/data/registry.py)")
     for key in ("global_batch_size", "grad_accum_steps", "data.time_steps", "log_every_steps",
                 "checkpoint_every_steps", "keep_checkpoints", "learning_rate"):
         _positive(key, c[key] if "." not in key else c.data[key.split(".")[1]])
@@ -106,3 +118,27 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.global_batch_size % c.grad_accum_steps:
         raise ValueError(f"config.global_batch_size={c.global_batch_size} must divide by "
                          f"config.grad_accum_steps={c.grad_accum_steps}")
+
+
+def source_kwargs(c: ml_collections.ConfigDict) -> tuple[dict[str, Any], list[str]]:
+    """``get_source`` keywords for ``c.data`` (besides name and split), and notes on what it leaves out.
+
+    A config's data settings belong to the dataset it was written for, so switching ``data.name``
+    must not trip over them: a ``data_dir`` for a dataset that reads no files, options the dataset
+    does not take and an encoder for event frames are left out, each with a note. ``data_dir`` ""
+    or "None" (``--config.data.data_dir=`` / ``=None``) means unset.
+    """
+    entry = dataset(c.data.name)
+    name, notes = c.data.name, []
+    data_dir = c.data.data_dir if c.data.data_dir not in ("", "None") else None
+    if data_dir is not None and not entry.reads_files:
+        notes.append(f"{name} reads no files; ignoring data.data_dir={data_dir!r}")
+        data_dir = None
+    options = {k: v for k, v in c.data.options.items() if v is not None}
+    ignored = sorted(set(options) - set(entry.options))
+    if ignored:
+        notes.append(f"{name} takes no option(s) {ignored}; ignoring "
+                     + ", ".join(f"data.options.{k}={options.pop(k)!r}" for k in ignored))
+    if entry.events and c.data.encoder != base_config().data.encoder:
+        notes.append(f"{name} gives event frames, which need no encoder; ignoring data.encoder={c.data.encoder!r}")
+    return {"data_dir": data_dir, "time_steps": c.data.time_steps, **options}, notes

@@ -7,7 +7,6 @@ from a checkpoint continues the exact trajectory of an uninterrupted one.
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import time
 from typing import Any
@@ -17,42 +16,38 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from snnjax import parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model
+from snnjax.models.registry import DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
 from snnjax.train import config as config_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError
 from snnjax.train.metrics import MetricWriter
 from snnjax.train.optim import make_optimizer
+from snnjax.train.sharded import apply_plan, eval_fn
 from snnjax.train.step import StepConfig, TrainState, split_model
 
-EVENT_DATASETS = ("nmnist", "cifar10dvs", "synthetic_dvs")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
 
 def make_sources(c: ml_collections.ConfigDict):
-    """``(train, test)`` sources of ``c.data``."""
-    options = dict(c.data.options)
-    if c.data.name in EVENT_DATASETS:
-        options.setdefault("time_steps", c.data.time_steps)
-    return tuple(get_source(c.data.name, split, data_dir=c.data.data_dir, **options) for split in ("train", "test"))
+    """``(train, test)`` sources of ``c.data``; prints a note for each setting the dataset does not take."""
+    kwargs, notes = config_lib.source_kwargs(c)
+    if jax.process_index() == 0:
+        for note in notes:
+            print(f"note: {note}", flush=True)
+    return tuple(get_source(c.data.name, split, **kwargs) for split in ("train", "test"))
 
 
 def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
     """The config's model options, with input/output sizes filled in from the data where not set."""
     kwargs = {k: v for k, v in c.model.items() if k != "name" and v is not None}
-    shape = source.example_shape[-3:]  # [H, W, C] (event data: after the per-example T axis)
-    fill = {"num_classes": source.num_classes}
-    if c.model.name == "mlp":
-        fill["in_features"] = math.prod(shape)
-    elif c.model.name == "cifar10dvs_vgg":
-        fill.update(in_channels=shape[-1], image_size=shape[0])
-    elif c.model.name == "spikformer":
-        fill.update(in_channels=shape[-1], img_size=tuple(shape[:2]), T=c.data.time_steps)
-    return {**fill, **kwargs}
+    sizes = sizes_from_data(c.model.name, DataShape.of(source, c.data.time_steps), kwargs)
+    return {**sizes, **kwargs}
 
 
 def make_mesh(c: ml_collections.ConfigDict):
@@ -121,8 +116,8 @@ class Trainer:
         step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype)
-        self.state, self._train_step = parallel.apply(self.plan, state, step_cfg, graphdef, self.tx)
-        self._eval_step = parallel.eval_fn(self.plan, self.state, step_cfg, graphdef)
+        self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx)
+        self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -188,8 +183,6 @@ class Trainer:
             self._log(str(self.plan))
             self._log(parallel.format_report(step_cost, f"per-device cost of one train step ({self.plan.mode}, "
                                              f"{mesh_desc})"))
-
-        from tqdm import tqdm
 
         progress = tqdm(total=self.total_steps, initial=start, disable=not self.is_main, unit="step",
                         dynamic_ncols=True)

@@ -25,7 +25,7 @@ class MetricWriter:
         self.enabled = enabled
         if not enabled:
             return
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # noqa: PLC0415 (loads protobuf: only the writing process needs it)
 
         workdir = pathlib.Path(workdir)
         self._jsonl = open(workdir / "metrics.jsonl", "a", buffering=1)

@@ -11,10 +11,12 @@ def make_schedule(c: ml_collections.ConfigDict, total_steps: int) -> optax.Sched
         return optax.constant_schedule(c.learning_rate)
     if c.schedule == "cosine":
         return optax.cosine_decay_schedule(c.learning_rate, max(total_steps, 1))
-    return optax.warmup_cosine_decay_schedule(0.0, c.learning_rate, c.warmup_steps, max(total_steps, c.warmup_steps + 1))
+    return optax.warmup_cosine_decay_schedule(0.0, c.learning_rate, c.warmup_steps,
+                                              max(total_steps, c.warmup_steps + 1))
 
 
-def make_optimizer(c: ml_collections.ConfigDict, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(c: ml_collections.ConfigDict,
+                   total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``(transformation, schedule)``: optional global-norm clipping, then adam / adamw / sgd."""
     schedule = make_schedule(c, total_steps)
     parts = [optax.clip_by_global_norm(c.grad_clip_norm)] if c.grad_clip_norm > 0 else []

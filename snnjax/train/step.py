@@ -5,17 +5,19 @@ rest (BatchNorm statistics, ...). Randomness is a pure function of
 ``(seed, step)``: the dropout stream is reseeded from it on every step, so a
 resumed run replays exactly the same masks and Poisson spikes.
 
-Parallel layouts (``snnjax.parallel``) enter through an optional ``StepLayout``:
-the parameters are constrained to their compute layout before the forward (FSDP:
+Parallel layouts enter through an optional ``snnjax.parallel.StepLayout``: the
+parameters are constrained to their compute layout before the forward (FSDP:
 all-gathered), each gradient to its layout before accumulation and the update
-(ZeRO-2 / FSDP: reduce-scattered), and activation constraints in the models see
-the strategy's rules while the step is traced.
+(ZeRO-2 / FSDP: reduce-scattered), and the layout context (activation rules and
+the mesh, ``snnjax.parallel.logical``) is entered while the step is traced.
+
+With ``grad_accum_steps == 1`` the step has no loop: XLA:CPU runs a convolution's
+gradient many times slower inside a loop body than outside (jax-ml/jax issue
+12868), and a one-iteration scan would be that loop.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -24,7 +26,8 @@ import optax
 from flax import nnx, struct
 
 from snnjax.data.encoders import encode
-from snnjax.parallel.logical import activation_rules, constrain
+from snnjax.parallel.layout import StepLayout
+from snnjax.parallel.logical import constrain
 
 
 @struct.dataclass
@@ -50,27 +53,6 @@ class StepConfig:
     grad_accum_steps: int = 1
     compute_dtype: Any = jnp.float32
     return_grads: bool = False  # also return the (averaged) gradients as metrics["grads"] (tests, debugging)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class StepLayout:
-    """How a parallel plan reaches inside the step (built by ``snnjax.parallel.apply``).
-
-    ``params`` / ``grads``: sharding trees shaped like the parameters (or None: no constraint);
-    ``rules``: logical name -> mesh axes for activation constraints.
-    """
-
-    mesh: Any
-    rules: Mapping[str, Any]
-    params: Any = None
-    grads: Any = None
-
-    def context(self):
-        return activation_rules(self.mesh, self.rules)
-
-
-def _constrain(tree, shardings):
-    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
 
 
 def split_model(model: nnx.Module):
@@ -116,25 +98,20 @@ def _fresh(tree):
 
 def train_step(cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                state: TrainState, batch: dict[str, jax.Array], *,
-               layout: StepLayout | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+               layout: StepLayout = StepLayout()) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on ``batch`` (``inputs``, ``labels``); gradients averaged over microbatches."""
-    with layout.context() if layout is not None else contextlib.nullcontext():
+    with layout.context():
         return _train_step(cfg, graphdef, tx, state, batch, layout)
 
 
 def _train_step(cfg, graphdef, tx, state, batch, layout):
-    param_shardings = layout.params if layout is not None else None
-    grad_shardings = layout.grads if layout is not None else None
     key = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
     enc_key, drop_key = jax.random.split(key)
     x = model_inputs(cfg, batch["inputs"], enc_key)
-    xs, ys = _microbatches(x, batch["labels"], cfg.grad_accum_steps)
-    xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))  # each microbatch split like the batch
-    ys = constrain(ys, (None, "batch"))
     acc_dtype = jnp.promote_types(cfg.compute_dtype, jnp.float32)  # loss/accuracy sums
 
     def loss_fn(params, model_state, x, y, i):
-        params = _constrain(params, param_shardings)  # FSDP: all-gather here; its transpose reduce-scatters
+        params = layout.constrain_params(params)
         model = nnx.merge(graphdef, params, _fresh(state.rngs), _fresh(model_state))
         nnx.reseed(model, dropout=jax.random.fold_in(drop_key, i))
         logits = model(x)
@@ -143,19 +120,29 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         return loss, (correct, split_model(model)[3])
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def accumulate(carry, inp):
-        grads, model_state, loss_sum, acc_sum = carry
-        i, x, y = inp
-        (loss, (acc, model_state)), g = grad_fn(state.params, model_state, x, y, i)
-        grads = jax.tree.map(jnp.add, grads, _constrain(g, grad_shardings))
-        return (grads, model_state, loss_sum + loss, acc_sum + acc), None
-
-    zeros = _constrain(jax.tree.map(jnp.zeros_like, state.params), grad_shardings)
-    init = (zeros, state.model_state, jnp.zeros((), acc_dtype), jnp.zeros((), acc_dtype))
     k = cfg.grad_accum_steps
-    (grads, model_state, loss_sum, acc_sum), _ = jax.lax.scan(accumulate, init, (jnp.arange(k), xs, ys))
-    grads = _constrain(jax.tree.map(lambda g: g / k, grads), grad_shardings)
+    if k == 1:
+        x = constrain(x, ("time", "batch") + (None,) * (x.ndim - 2))
+        y = constrain(batch["labels"], ("batch",))
+        (loss_sum, (acc_sum, model_state)), grads = grad_fn(state.params, state.model_state, x, y,
+                                                            jnp.zeros((), jnp.int32))
+        grads = layout.constrain_grads(grads)
+    else:
+        xs, ys = _microbatches(x, batch["labels"], k)
+        xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))  # each microbatch split like the batch
+        ys = constrain(ys, (None, "batch"))
+
+        def accumulate(carry, inp):
+            grads, model_state, loss_sum, acc_sum = carry
+            i, x, y = inp
+            (loss, (acc, model_state)), g = grad_fn(state.params, model_state, x, y, i)
+            grads = jax.tree.map(jnp.add, grads, layout.constrain_grads(g))
+            return (grads, model_state, loss_sum + loss, acc_sum + acc), None
+
+        zeros = layout.constrain_grads(jax.tree.map(jnp.zeros_like, state.params))
+        init = (zeros, state.model_state, jnp.zeros((), acc_dtype), jnp.zeros((), acc_dtype))
+        (grads, model_state, loss_sum, acc_sum), _ = jax.lax.scan(accumulate, init, (jnp.arange(k), xs, ys))
+        grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
@@ -166,15 +153,15 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 
 
 def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],
-              index: jax.Array, *, layout: StepLayout | None = None) -> dict[str, jax.Array]:
+              index: jax.Array, *, layout: StepLayout = StepLayout()) -> dict[str, jax.Array]:
     """Sums over the unmasked examples of ``batch``: ``loss``, ``correct``, ``count`` (eval mode: running BN stats)."""
-    with layout.context() if layout is not None else contextlib.nullcontext():
+    with layout.context():
         return _eval_step(cfg, graphdef, state, batch, index, layout)
 
 
 def _eval_step(cfg, graphdef, state, batch, index, layout):
     key = jax.random.fold_in(jax.random.key(cfg.seed + 1), index)
-    params = _constrain(state.params, layout.params if layout is not None else None)
+    params = layout.constrain_params(state.params)
     model = nnx.merge(graphdef, params, state.rngs, state.model_state)
     model.eval()
     logits = model(model_inputs(cfg, batch["inputs"], key))

@@ -1,15 +1,19 @@
-"""Check snnjax against SpikingJelly reference files (format: shared/reference/README.md).
+"""Check snnjax against SpikingJelly reference files (format: tests/fixtures/spikingjelly/README.md).
+
+    python -m snnjax.interop check FILE.npz [--impl {auto,xla,pallas,native}]
 
 ``FILE.npz`` holds the arrays, its sibling ``FILE.json`` the cases: a list of
 neuron cases, or a mapping of model-case name to model description. Everything
 is recomputed in float64; spikes must match exactly, real values and gradients
-within ``TOLERANCE`` normwise relative error ``||a - b|| / ||b||``.
+within ``TOLERANCE`` normwise relative error (``snnjax.neurons.compare.rel_error``).
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -18,8 +22,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from snnjax.neurons import functional as F
+from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
+from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models.vgg import DEFAULT_POOLS
+from snnjax.neurons import base as B
+from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
+from snnjax.neurons.compare import rel_error
+from snnjax.neurons.modules import BaseNode
 
 TOLERANCE = 1e-8
 # A parameter whose reference gradient is below this fraction of the whole gradient's norm is
@@ -27,43 +37,47 @@ TOLERANCE = 1e-8
 # noise, so it is compared at this scale instead of relative to itself.
 NEGLIGIBLE_GRAD = 1e-6
 
-_SURROGATES = {"sigmoid": sg.Sigmoid, "atan": sg.ATan, "piecewise_quadratic": sg.PiecewiseQuadratic,
-               "soft_sign": sg.SoftSign}
-
 
 def parse_surrogate(name: str) -> sg.Surrogate:
-    """``'sigmoid4'`` -> ``Sigmoid(alpha=4)``, ``'atan2'`` -> ``ATan(alpha=2)``: a surrogate name then its alpha."""
-    for prefix, cls in _SURROGATES.items():
-        if name.startswith(prefix):
-            rest = name[len(prefix):]
-            return cls(alpha=float(rest)) if rest else cls()
-    raise ValueError(f"unknown surrogate {name!r} in reference file; known prefixes: {sorted(_SURROGATES)}")
+    """A surrogate named in a reference file: a name of ``surrogate.SURROGATES``, then optionally its alpha.
+
+    ``sigmoid4`` -> ``Sigmoid(alpha=4)``, ``atan2`` -> ``ATan(alpha=2)``, ``soft_sign`` -> ``SoftSign()``.
+    """
+    m = re.fullmatch(r"([a-z_]+?)_?(\d+(?:\.\d+)?)?", name)
+    if m is None:
+        raise ValueError(f"cannot parse surrogate {name!r} in reference file: a name, then optionally alpha")
+    return sg.get(m[1], None if m[2] is None else float(m[2]))
 
 
-def rel_err(a, b, floor: float = 0.0) -> float:
-    """Normwise relative error ``||a - b|| / max(||b||, floor)`` (absolute when both are zero)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    denom = max(float(np.linalg.norm(b)), floor)
-    diff = float(np.linalg.norm(a - b))
-    return diff / denom if denom > 0 else diff
+def case_arrays(arrays, prefix: str) -> dict[str, np.ndarray]:
+    """The arrays of one case: the entries of ``arrays`` under ``prefix``, with the prefix removed."""
+    return {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
 
 
-def neuron_config(case: dict[str, Any]) -> F.NeuronConfig:
+def neuron_config(case: dict[str, Any]) -> B.NeuronConfig:
     """The ``NeuronConfig`` a reference neuron case describes."""
-    return F.NeuronConfig(kind=case["kind"], tau=float(case.get("tau", 2.0)),
+    return B.NeuronConfig(kind=case["kind"], tau=float(case.get("tau", 2.0)),
                           decay_input=bool(case.get("decay_input", True)),
                           v_threshold=float(case.get("v_threshold", 1.0)), v_reset=case.get("v_reset", 0.0),
                           detach_reset=bool(case.get("detach_reset", False)),
                           surrogate=parse_surrogate(case.get("surrogate", "sigmoid4")))
 
 
+def plif_w(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """PLIF's ``w``: from the file, else from ``init_tau`` as SpikingJelly initialises it (``-log(init_tau - 1)``)."""
+    if "w" in arrays:
+        return arrays["w"]
+    return np.asarray(-math.log(float(case.get("init_tau", 2.0)) - 1.0))
+
+
 @functools.partial(jax.jit, static_argnums=0, static_argnames="impl")
-def neuron_outputs(cfg: F.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Array | None, impl: str = "auto"):
-    """``(spikes, v_seq, dx, dw)`` of ``multistep`` for the loss ``sum(spikes * gy)`` (jitted per config and impl)."""
+def neuron_outputs(cfg: B.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Array | None, impl: str = "auto"):
+    """``(spikes, v_seq, dx, dw)`` of ``multistep`` for the loss ``sum(spikes * gy)`` (jitted per config and impl).
+
+    ``x``, ``gy`` and the outputs but ``dw`` are ``[T, ...]``; ``w`` and ``dw`` are PLIF's scalar (None otherwise).
+    """
     def loss(x, w):
-        s, v_seq = F.multistep(cfg, x, None, w, return_v_seq=True, impl=impl)
+        s, v_seq = dispatch.multistep(cfg, x, None, w, return_v_seq=True, impl=impl)
         return jnp.sum(s * gy), (s, v_seq)
 
     (_, (s, v_seq)), (gx, gw) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
@@ -73,16 +87,16 @@ def neuron_outputs(cfg: F.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Arra
 def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
     """Recompute one neuron case with ``multistep(..., impl=impl)``; returns its errors and ``ok``."""
     cfg = neuron_config(case)
-    w = jnp.asarray(arrays["w"]) if cfg.kind == "PLIF" else None
+    w = jnp.asarray(plif_w(case, arrays)) if cfg.kind == "PLIF" else None
     s, v_seq, gx, gw = neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w,
                                       impl=impl)
     out = {
         "spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"])),
-        "v_seq": rel_err(v_seq, arrays["v_seq"]),
-        "grad_x": rel_err(gx, arrays["grad_x"]),
+        "v_seq": rel_error(v_seq, arrays["v_seq"]),
+        "grad_x": rel_error(gx, arrays["grad_x"]),
     }
     if cfg.kind == "PLIF":
-        out["grad_w"] = rel_err(gw, arrays["grad_w"])
+        out["grad_w"] = rel_error(gw, arrays["grad_w"])
     out["ok"] = out["spike_mismatches"] == 0 and all(
         v <= TOLERANCE for k, v in out.items() if k != "spike_mismatches")
     return out
@@ -90,9 +104,6 @@ def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl:
 
 def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nnx.Module, jax.Array]:
     """The snnjax model a model case describes, and its input in library layout."""
-    from snnjax.models import CIFAR10DVSVGG, Spikformer
-    from snnjax.models.vgg import DEFAULT_POOLS
-
     num_classes = arrays["logits_eval"].shape[-1]
     rngs = nnx.Rngs(0)
     if meta["model"] == "CIFAR10DVSVGG":
@@ -124,19 +135,16 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
 
     Every neuron of the model runs its multi-step path with ``impl``.
     """
-    from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
-    from snnjax.neurons.modules import BaseNode
-
     model, x = build_model(meta, arrays)
     for _, module in nnx.iter_modules(model):
         if isinstance(module, BaseNode):
             module.impl = impl
-    sub = lambda prefix: {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}  # noqa: E731
+    sub = functools.partial(case_arrays, arrays)
     import_state_dict(model, sub("init/"), dtype=jnp.float64)
     labels = jnp.asarray(arrays["labels"])
 
     model.eval()
-    out = {"logits_eval": rel_err(nnx.jit(lambda m, x: m(x))(model, x), arrays["logits_eval"])}
+    out = {"logits_eval": rel_error(nnx.jit(lambda m, x: m(x))(model, x), arrays["logits_eval"])}
 
     model.train()
 
@@ -145,13 +153,13 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
         return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels).mean(), logits
 
     (loss, logits), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model)
-    out["logits_train"] = rel_err(logits, arrays["logits_train"])
-    out["loss_train"] = rel_err(loss, arrays["loss_train"])
+    out["logits_train"] = rel_error(logits, arrays["logits_train"])
+    out["loss_train"] = rel_error(loss, arrays["loss_train"])
 
     flat_grads = dict(nnx.to_flat_state(grads))
     expected = convert_state_dict(model, sub("grad/"))
     floor = NEGLIGIBLE_GRAD * float(np.sqrt(sum(np.sum(np.square(v)) for v in expected.values())))
-    grad_errs = {".".join(map(str, p)): rel_err(flat_grads[p][...], v, floor) for p, v in expected.items()}
+    grad_errs = {".".join(map(str, p)): rel_error(flat_grads[p][...], v, floor) for p, v in expected.items()}
     missing = [p for p in flat_grads if p not in expected]
     out["grads_checked"] = len(grad_errs)
     out["grads_missing"] = len(missing)
@@ -160,7 +168,7 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
 
     stats = dict(nnx.to_flat_state(nnx.state(model, nnx.BatchStat)))
     after = convert_state_dict(model, sub("after_train_step_state/"))
-    out["bn_state_max"] = max(rel_err(stats[p][...], v) for p, v in after.items() if p in stats)
+    out["bn_state_max"] = max(rel_error(stats[p][...], v) for p, v in after.items() if p in stats)
     tracked = [k for k in sub("after_train_step_state/") if k.endswith("num_batches_tracked")]
     if tracked and all(np.array_equal(arrays["init/" + k], arrays["after_train_step_state/" + k]) for k in tracked):
         out["reference_note"] = ("num_batches_tracked did not advance between init/ and after_train_step_state/: "
@@ -187,13 +195,11 @@ def iter_cases(cases, arrays, impl: str = "auto"):
     if isinstance(cases, list):
         for i, case in enumerate(cases):
             prefix = f"case{i:03d}/"
-            sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
-            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, sub, impl)}
+            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, case_arrays(arrays, prefix), impl)}
     elif isinstance(cases, dict):
         for name, meta in cases.items():
             prefix = f"{name}/"
-            sub = {k[len(prefix):]: arrays[k] for k in arrays.files if k.startswith(prefix)}
-            yield name, {"model": meta["model"], **check_model_case(meta, sub, impl)}
+            yield name, {"model": meta["model"], **check_model_case(meta, case_arrays(arrays, prefix), impl)}
     else:
         raise ValueError("reference json must be a list of neuron cases or a mapping of model cases")
 
@@ -202,11 +208,11 @@ def check_file(path: str, impl: str = "auto") -> int:
     """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code.
 
     ``impl`` (``auto``, ``xla``, ``pallas``, ``native``) is the neurons' multi-step
-    implementation (``functional.multistep``); ``pallas`` runs the kernels in interpret
+    implementation (``snnjax.neurons.multistep``); ``pallas`` runs the kernels in interpret
     mode on a CPU.
     """
-    if impl not in F.IMPLS:
-        raise ValueError(f"impl must be one of {F.IMPLS}, got {impl!r}")
+    if impl not in dispatch.IMPLS:
+        raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
     jax.config.update("jax_enable_x64", True)
     # Random initial values are overwritten by the imported weights; rbg compiles far faster on CPU.
     jax.config.update("jax_default_prng_impl", "rbg")

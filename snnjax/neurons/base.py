@@ -1,0 +1,184 @@
+"""IF / LIF / PLIF neurons with SpikingJelly's semantics: the base every implementation shares.
+
+For each step t, with ``vr = v_reset if v_reset is not None else 0``:
+  charge  IF:   H = V + X
+          LIF:  H = V + (X - (V - vr)) / tau         (decay_input=True)
+                H = V - (V - vr) / tau + X           (decay_input=False)
+          PLIF: as LIF with 1/tau = k = sigmoid(w), w a learned scalar
+  fire    S = 1[H >= v_threshold], backward via the surrogate sg'(H - v_threshold)
+  reset   hard: V = S v_reset + (1 - S) H;  soft (v_reset=None): V = H - S v_threshold
+          (S detached from the graph when detach_reset)
+
+Shapes: multi-step inputs are time-major ``[T, ...]`` with any trailing shape;
+the state ``V`` has the trailing shape. The state is kept in
+``state_dtype(x.dtype)`` (float32 for bfloat16/float16 inputs); spikes and input
+gradients come back in the input dtype.
+
+This module is the base every implementation shares: the configuration, the
+equations (``charge``, ``reset``, one ``step``), the factors of the reverse
+recurrence (``dv_dh``, ``dx_from_dh``, ``plif_dw``) and ``multistep_reference``,
+the multi-step forward differentiated by plain autodiff (the reference in tests).
+The implementations of the multi-step neuron (``snnjax.neurons.xla``, the Pallas
+kernels of ``snnjax.pallas``, the C++ kernels of ``snnjax.native``) import only this
+module; ``snnjax.neurons.dispatch`` chooses between them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from snnjax.neurons import surrogate as sg
+
+Kind = Literal["IF", "LIF", "PLIF"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronConfig:
+    """Static hyperparameters of a neuron (hashable, so usable as a jit-static argument).
+
+    ``tau`` is used by LIF only; PLIF's time constant is the learned ``w`` passed
+    separately. ``v_reset=None`` selects soft reset.
+    """
+
+    kind: Kind = "LIF"
+    tau: float = 2.0
+    decay_input: bool = True
+    v_threshold: float = 1.0
+    v_reset: float | None = 0.0
+    detach_reset: bool = False
+    surrogate: sg.Surrogate = sg.Sigmoid()
+
+    def __post_init__(self):
+        if self.kind not in ("IF", "LIF", "PLIF"):
+            raise ValueError(f"neuron kind must be 'IF', 'LIF' or 'PLIF', got {self.kind!r}")
+        if self.kind == "LIF" and not self.tau > 1.0:
+            raise ValueError(f"LIF needs tau > 1 (SpikingJelly's requirement), got tau={self.tau}")
+
+    @property
+    def vr(self) -> float:
+        """The reset potential as a number (0 for soft reset)."""
+        return 0.0 if self.v_reset is None else float(self.v_reset)
+
+
+def state_dtype(dtype) -> jnp.dtype:
+    """Dtype of the membrane potential for inputs of ``dtype``: at least float32."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def check_decay_param(cfg: NeuronConfig, w) -> None:
+    """PLIF needs a scalar ``w`` (one learned time constant per layer, as in SpikingJelly); others need none."""
+    if cfg.kind == "PLIF":
+        if w is None:
+            raise ValueError("PLIF needs its learned parameter w (1/tau = sigmoid(w)); got w=None")
+        if jnp.size(w) != 1:
+            raise ValueError(f"PLIF's w must be a scalar (one time constant per layer), got shape {jnp.shape(w)}")
+
+
+def decay_rate(cfg: NeuronConfig, w: jax.Array | None):
+    """``k = 1/tau`` (a Python float for LIF, ``sigmoid(w)`` for PLIF, None for IF)."""
+    if cfg.kind == "IF":
+        return None
+    if cfg.kind == "LIF":
+        return 1.0 / cfg.tau
+    if w is None:
+        raise ValueError("PLIF needs its learned parameter w")
+    return jax.nn.sigmoid(w)
+
+
+def plif_dw(cfg: NeuronConfig, w: jax.Array, dk) -> jax.Array | None:
+    """PLIF's dL/dw from dL/dk (k = sigmoid(w)), in w's dtype and shape; None for IF / LIF."""
+    if cfg.kind != "PLIF":
+        return None
+    k = decay_rate(cfg, w)
+    return (dk * k * (1.0 - k)).astype(jnp.asarray(w).dtype).reshape(jnp.shape(w))
+
+
+def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None, *, k=None) -> jax.Array:
+    """H from the previous state V and input X (SpikingJelly's exact operation order).
+
+    PLIF's ``k = 1/tau`` is ``sigmoid(w)`` cast to V's dtype unless given as ``k`` (the
+    Pallas kernels pass that same value in, so both paths round identically).
+    """
+    if cfg.kind == "IF":
+        return v + x
+    if cfg.kind == "LIF":
+        scale = lambda d: d / cfg.tau  # noqa: E731
+        keep = 1.0 - 1.0 / cfg.tau
+    else:
+        k = jax.nn.sigmoid(w).astype(v.dtype) if k is None else k
+        scale = lambda d: d * k  # noqa: E731
+        keep = 1.0 - k
+    reset0 = cfg.v_reset is None or cfg.v_reset == 0.0
+    if cfg.decay_input:
+        return v + scale(x - v) if reset0 else v + scale(x - (v - cfg.v_reset))
+    return v * keep + x if reset0 else v - scale(v - cfg.v_reset) + x
+
+
+def reset(cfg: NeuronConfig, h: jax.Array, s: jax.Array) -> jax.Array:
+    """V after firing, from H and spikes S (S already detached if wanted)."""
+    if cfg.v_reset is None:
+        return h - s * cfg.v_threshold
+    return (1.0 - s) * h + s * cfg.v_reset
+
+
+def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = None):
+    """One time step, differentiable by autodiff through the surrogate.
+
+    Args: ``x`` input current ``[...]``; ``v`` state broadcastable to ``x``.
+    Returns: ``(spikes [...] in x.dtype, new state [...] in state dtype)``.
+    """
+    check_decay_param(cfg, w)
+    sdt = state_dtype(x.dtype)
+    h = charge(cfg, v.astype(sdt), x.astype(sdt), w)
+    s = sg.spike(h - cfg.v_threshold, cfg.surrogate)
+    v_new = reset(cfg, h, jax.lax.stop_gradient(s) if cfg.detach_reset else s)
+    return s.astype(x.dtype), v_new
+
+
+def initial_state(cfg: NeuronConfig, shape, dtype) -> jax.Array:
+    """Fresh membrane potential (``v_reset``, or 0 for soft reset) of ``shape``."""
+    return jnp.full(shape, cfg.vr, state_dtype(dtype))
+
+
+def broadcast_state(cfg: NeuronConfig, x_seq: jax.Array, v_init) -> jax.Array:
+    """The start state for ``x_seq [T, ...]``: ``v_init`` (anything broadcastable) or the fresh state, ``[...]``."""
+    sdt = state_dtype(x_seq.dtype)
+    if v_init is None:
+        return initial_state(cfg, x_seq.shape[1:], x_seq.dtype)
+    return jnp.broadcast_to(jnp.asarray(v_init, sdt), x_seq.shape[1:])
+
+
+def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False):
+    """Plain-autodiff multi-step neuron (the reference for the custom-vjp path).
+
+    Returns ``(spikes [T, ...], v)`` where ``v`` is the state sequence ``[T, ...]`` if
+    ``return_v_seq`` else the final state ``[...]``.
+    """
+    check_decay_param(cfg, w)
+    v0 = broadcast_state(cfg, x_seq, v_init)
+
+    def body(v, x):
+        s, v = step(cfg, x, v, w)
+        return v, (s, v if return_v_seq else None)
+
+    v_last, (spikes, v_seq) = jax.lax.scan(body, v0, x_seq)
+    return spikes, (v_seq if return_v_seq else v_last)
+
+
+def dv_dh(cfg: NeuronConfig, h, s, g):
+    """dV_t/dH_t for the reset mode."""
+    if cfg.v_reset is not None:
+        return 1.0 - s if cfg.detach_reset else (cfg.v_reset - h) * g + 1.0 - s
+    return jnp.ones_like(h) if cfg.detach_reset else 1.0 - cfg.v_threshold * g
+
+
+def dx_from_dh(cfg: NeuronConfig, dh: jax.Array, k) -> jax.Array:
+    """dX_t from dH_t: ``dH/dX`` is ``1/tau`` for LIF and ``k`` for PLIF with ``decay_input``, else 1."""
+    if cfg.kind == "LIF" and cfg.decay_input:
+        return dh / cfg.tau
+    if cfg.kind == "PLIF" and cfg.decay_input:
+        return dh * k
+    return dh

@@ -1,0 +1,51 @@
+"""Plans and shardings as text: what ``print(plan)`` and ``describe_shardings`` show."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from snnjax.parallel.variables import path_str
+
+
+def spec_str(spec: PartitionSpec) -> str:
+    """``PartitionSpec(('data', 'fsdp'), None)`` -> ``(data+fsdp, -)``."""
+    return "(" + ", ".join("-" if e is None else (e if isinstance(e, str) else "+".join(e)) for e in spec) + ")"
+
+
+def format_plan(plan: Any) -> str:
+    """The table ``print(plan)`` shows: mode, reasons, each parameter's layout and bytes, totals, collectives."""
+    t = plan.totals()
+    mesh = " x ".join(f"{k}={v}" for k, v in plan.axis_sizes.items() if v > 1) or "1 device"
+    sp = ", sequence parallel" if plan.strategy.sequence_parallel else ""
+    lines = [f"plan: mode={plan.mode} (zero_stage={plan.zero_stage}{sp}) on {mesh}: {plan.strategy.description}"]
+    lines += [f"  why: {r}" for r in plan.reasons]
+    w = max([len(p.path) for p in plan.params] + [9])
+    lines.append(f"  {'parameter':<{w}}  {'shape':<18} {'logical axes':<34} {'stored':<22} {'optimizer':<22} "
+                 f"{'bytes/device':>12}")
+    for p in plan.params:
+        names = "(" + ", ".join(n or "-" for n in p.logical_axes) + ")" if p.logical_axes else "(unnamed)"
+        lines.append(f"  {p.path:<{w}}  {str(p.shape):<18} {names:<34} {spec_str(p.layout.param):<22} "
+                     f"{spec_str(p.layout.opt):<22} {p.param_bytes:>12,}")
+        for note in p.layout.notes:
+            lines.append(f"  {'':<{w}}    note: {note}")
+    lines.append(f"  per device: parameters {t['param_bytes_per_device']:,} B (of {t['param_bytes']:,}), "
+                 f"gradients {t['grad_bytes_per_device']:,} B, optimizer ({plan.opt_slots} slots) "
+                 f"{t['optimizer_bytes_per_device']:,} B (replicated: {t['optimizer_bytes_replicated']:,})")
+    for c in plan.expected_collectives:
+        size = f"{c['bytes']:,} B" if c.get("bytes") is not None else "activation-sized"
+        lines.append(f"  expect {c['kind']} over {'x'.join(c['over'])}: {c['what']} ({size})")
+    return "\n".join(lines)
+
+
+def describe_shardings(tree, *, title: str | None = None) -> str:
+    """A table of every array in ``tree``: path, shape, dtype and its sharding's PartitionSpec."""
+    rows = [title] if title else []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not hasattr(x, "shape"):
+            continue
+        spec = getattr(getattr(x, "sharding", None), "spec", None)
+        rows.append(f"  {path_str(path):<40} {str(tuple(x.shape)):<18} {str(x.dtype):<8} "
+                    f"{spec_str(spec) if spec is not None else type(getattr(x, 'sharding', None)).__name__}")
+    return "\n".join(rows)

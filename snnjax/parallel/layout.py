@@ -1,0 +1,48 @@
+"""``StepLayout``: how a plan reaches inside a traced step (parameter and gradient layouts, the layout context)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from snnjax.parallel.logical import activation_rules
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepLayout:
+    """A plan as the train / eval steps use it (``Plan.step_layout`` builds it).
+
+    ``params`` / ``grads``: sharding trees shaped like the parameters (or None: no constraint);
+    ``rules``: logical name -> mesh axes for activation constraints. ``StepLayout()`` (no mesh) is
+    the single-device step: no context, no constraints.
+    """
+
+    mesh: Mesh | None = None
+    rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    params: Any = None
+    grads: Any = None
+
+    @contextlib.contextmanager
+    def context(self):
+        """The layout context, entered while the step is traced (see ``snnjax.parallel.logical``)."""
+        if self.mesh is None:
+            yield
+            return
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh), activation_rules(self.mesh, self.rules):
+            yield
+
+    def constrain_params(self, params):
+        """``params`` in their compute layout (FSDP: all-gathered here; the transpose reduce-scatters)."""
+        return _constrain(params, self.params)
+
+    def constrain_grads(self, grads):
+        """Gradients in their layout before accumulation and the update (ZeRO-2 / FSDP: reduce-scattered)."""
+        return _constrain(grads, self.grads)
+
+
+def _constrain(tree, shardings):
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)

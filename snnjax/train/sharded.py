@@ -1,0 +1,47 @@
+"""The train and eval steps jitted under a parallel plan: ``apply_plan`` and ``eval_fn``.
+
+    p = snnjax.parallel.plan(model, mesh, mode="fsdp")
+    state, step = apply_plan(p, state, step_cfg, graphdef, tx)
+    state, metrics = step(state, batch)
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import jax
+import optax
+from flax import nnx
+
+from snnjax.parallel.plan import Plan
+from snnjax.train.step import StepConfig, TrainState, eval_step, train_step
+
+
+def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+               *, batch_axes: Mapping[str, int] | None = None, batch_ndims: Mapping[str, int] | None = None,
+               donate: bool = True):
+    """Shard ``state`` as ``p`` says; returns ``(state, step)``, ``step`` the jitted
+    ``train_step(cfg, graphdef, tx, ...)`` with the plan's in/out shardings.
+
+    ``batch_axes`` / ``batch_ndims``: each batch entry's batch axis and rank (e.g. ``{"inputs": 1,
+    "labels": 0}`` and ``{"inputs": 5, "labels": 1}``) to fix the batch's input shardings; without them
+    the batch keeps the shardings it arrives with (``plan.batch_sharding`` builds them).
+    With ``donate`` (default) each step reuses its input state's buffers; arrays of ``state`` that
+    ``device_put`` did not need to move are donated too, so do not reuse ``state`` after the first step.
+    """
+    shardings = p.state_shardings(state, tx)
+    state = jax.device_put(state, shardings)
+    batch_sh = None
+    if batch_axes is not None:
+        if batch_ndims is None or set(batch_ndims) != set(batch_axes):
+            raise ValueError("give batch_ndims for the same keys as batch_axes")
+        batch_sh = {k: p.batch_sharding(batch_ndims[k], batch_axes[k]) for k in batch_axes}
+    step = jax.jit(functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params)),
+                   in_shardings=(shardings, batch_sh), out_shardings=(shardings, None),
+                   donate_argnums=(0,) if donate else ())
+    return state, step
+
+
+def eval_fn(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef):
+    """The jitted ``eval_step`` under plan ``p`` (parameters gathered as in training)."""
+    return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=p.step_layout(state.params)))

@@ -1,0 +1,97 @@
+"""The import graph of ``snnjax`` is a tree of packages with one direction per dependency.
+
+Built with grimp, which reads every import statement, function-local ones included, so an
+import moved into a function to dodge a circle is still a circle here.
+"""
+from __future__ import annotations
+
+import functools
+
+import grimp
+import pytest
+
+
+@functools.cache
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph("snnjax")
+
+
+def imported_by(package: str) -> set[str]:
+    """Every snnjax module imported by a module of ``package`` (the package's own modules excluded)."""
+    g = graph()
+    found = set()
+    for module in g.find_children(package) | g.find_descendants(package) | {package}:
+        found |= g.find_modules_directly_imported_by(module)
+    return {m for m in found if not (m == package or m.startswith(package + "."))}
+
+
+def cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    g = graph()
+    edges = {m: g.find_modules_directly_imported_by(m) for m in g.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle():
+    assert cycles() == []
+
+
+@pytest.mark.parametrize("package", ["snnjax.pallas", "snnjax.native"])
+def test_kernel_packages_import_only_the_neuron_base(package):
+    allowed = {"snnjax", "snnjax.neurons", "snnjax.neurons.base", "snnjax.neurons.surrogate",
+               "snnjax.neurons.compare", "snnjax.neurons.xla", "snnjax.hostmem"}
+    assert imported_by(package) <= allowed
+
+
+def test_only_the_dispatcher_imports_the_kernel_packages():
+    g = graph()
+    importers = set()
+    for kernel in ("snnjax.pallas", "snnjax.native"):
+        for module in g.find_descendants(kernel) | {kernel}:
+            importers |= g.find_modules_that_directly_import(module)
+    neuron_importers = {m for m in importers if m.startswith("snnjax.neurons")}
+    assert neuron_importers <= {"snnjax.neurons.dispatch", "snnjax.neurons.sharded"}
+    assert not {m for m in importers if m.split(".")[1] in ("layers", "models", "parallel", "train", "data")}
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("snnjax.parallel", {"snnjax.train", "snnjax.models", "snnjax.layers", "snnjax.data", "snnjax.interop"}),
+    ("snnjax.neurons", {"snnjax.parallel", "snnjax.train", "snnjax.models", "snnjax.layers", "snnjax.data"}),
+    ("snnjax.models", {"snnjax.train", "snnjax.data", "snnjax.interop", "snnjax.bench"}),
+    ("snnjax.layers", {"snnjax.train", "snnjax.models", "snnjax.data"}),
+    ("snnjax.data", {"snnjax.train", "snnjax.parallel", "snnjax.models", "snnjax.neurons"}),
+    ("snnjax.train", {"snnjax.bench", "snnjax.interop"}),
+])
+def test_dependencies_point_one_way(package, forbidden):
+    bad = {m for m in imported_by(package) if any(m == f or m.startswith(f + ".") for f in forbidden)}
+    assert not bad, f"{package} imports {sorted(bad)}"
