@@ -4,7 +4,7 @@
   shape, dtype, ms, GB/s against the 20 B per neuron-step floor, roofline fraction of the
   copy bandwidth measured in the same run), impls agree on spikes and gradient norm, and
   bad impl specs are refused with the valid choices.
-- ``snnjax.pallas.check``: one case runs end to end (interpret mode here) and passes, and
+- ``snnjax.bench.pallas_check``: one case runs end to end (interpret mode here) and passes, and
   a wrong kernel result is reported as a failure.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from snnjax import neurons as F
 from snnjax.bench import neuron as bench
-from snnjax.pallas import check
+from snnjax.bench import pallas_check as check
 
 
 def test_neuron_bench_records(tmp_path):

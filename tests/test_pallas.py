@@ -3,7 +3,7 @@ on the CPU) through every check shared by the implementations.
 
 - Without a GPU the kernels are lowered for CUDA (``lowering_platforms=("cuda",)``), which
   runs Pallas' Triton lowering rules on every kernel operation (compiling to PTX needs a
-  GPU; ``python -m snnjax.pallas.check`` does that on one).
+  GPU; ``python -m snnjax.bench.pallas_check`` does that on one).
 - ``impl`` dispatch: float64 runs only in interpret mode; explicit ``pallas`` raises a ValueError that says why
   where it cannot run; bad ``KernelOptions`` are refused.
 """

@@ -8,6 +8,10 @@ Under a parallel plan whose batch is split over devices, ``Conv2d`` merges the
 batch as ``[N*T]`` instead: ``N`` is the split axis, and a merge with the split
 axis minor (``T*N``) cannot stay split, so XLA would gather the whole batch onto
 every device. The result is the same (each example is convolved on its own).
+
+On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
+backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
+``lax.scan``); on other backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
 """
 from __future__ import annotations
 
@@ -16,13 +20,20 @@ from collections.abc import Sequence
 import jax
 from flax import nnx
 
+from snnjax.layers import conv_cpu
 from snnjax.parallel.logical import annotate_layer, batch_is_split
 
 Axes = Sequence[str | None] | None
 
 
 class Conv2d(nnx.Conv):
-    """``nnx.Conv`` on ``[T, N, H, W, C]`` that keeps a device-split batch axis split (see the module docstring)."""
+    """``nnx.Conv`` on ``[T, N, H, W, C]`` that keeps a device-split batch axis split (see the module docstring).
+
+    ``conv_general_dilated`` defaults to ``conv_cpu.conv_general_dilated`` (the CPU op on the CPU backend).
+    """
+
+    def __init__(self, *args, conv_general_dilated=conv_cpu.conv_general_dilated, **kwargs):
+        super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         if inputs.ndim == 5 and batch_is_split():

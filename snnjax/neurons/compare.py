@@ -1,7 +1,7 @@
 """Run one multi-step neuron implementation with its VJP, and measure how far two runs are apart.
 
 Shared by the tests (every implementation against the path it replaces) and by
-``python -m snnjax.pallas.check`` (the compiled kernels against the XLA path on a GPU).
+``python -m snnjax.bench.pallas_check`` (the compiled kernels against the XLA path on a GPU).
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 ``KernelOptions`` holds the GPU-facing choices (block sizes, Triton launch parameters,
 interpret mode). The pure-JAX reference is the XLA path, ``snnjax.neurons.xla``.
 Layout: ``api`` (custom_vjp, flattening, what is stored), ``forward`` and ``backward``
-(one kernel each), ``lanes`` (masked rows), ``options``; ``check`` runs the compiled kernels
-against the XLA path on a GPU.
+(one kernel each), ``lanes`` (masked rows), ``options``. ``python -m snnjax.bench.pallas_check`` runs the
+compiled kernels against the XLA path on a GPU.
 """
 from snnjax.pallas.api import multistep, unsupported_reason
 from snnjax.pallas.options import DEFAULT, KernelOptions

@@ -1,6 +1,6 @@
 """Compiled-kernel check: the fused kernels against the XLA path on the same (GPU) device.
 
-    python -m snnjax.pallas.check [--out FILE.jsonl]
+    python -m snnjax.bench.pallas_check [--out FILE.jsonl]
 
 The CPU tests run the kernels in interpret mode; this runs them compiled on the default
 backend (a GPU; on a CPU it falls back to interpret mode), over a covering set of variants: every (kind, reset mode,

@@ -1,0 +1,157 @@
+"""The CPU convolution (``snnjax.layers.conv_cpu``): forward and both gradients equal XLA's.
+
+Compared with ``lax.conv_general_dilated`` and ``nnx.Conv`` in float64 (to rounding) for the
+models' 3x3 / padding 1 / stride 1 and other kernel sizes, paddings and strides; under jit,
+inside ``lax.scan``, in bfloat16 (looser), and with the batch split over 8 devices.
+Small shapes only: speed is ``snnjax.bench.train_step``'s business.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from snnjax import layers
+from snnjax.layers import conv_cpu
+
+DN = ("NHWC", "HWIO", "NHWC")
+# (kernel, stride, padding): the models' case first, then other forms conv2d() accepts.
+CASES = [(3, 1, ((1, 1), (1, 1))), (1, 1, ((0, 0), (0, 0))), (3, 1, ((0, 0), (0, 0))), (5, 1, ((2, 2), (2, 2))),
+         (3, 2, ((1, 1), (1, 1))), (2, 2, ((0, 0), (0, 0))), (3, 2, ((0, 1), (2, 0))), (4, 3, ((1, 2), (1, 2)))]
+
+
+def _inputs(dtype, n=2, size=(7, 9), cin=3, cout=5, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((n, *size, cin)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, k, cin, cout)) / k, dtype)
+    return x, w
+
+
+def _vjp(f, x, w):
+    y, pull = jax.vjp(f, x, w)
+    g = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape), y.dtype)
+    return (y, *pull(g))
+
+
+def _close(ours, ref, rtol):
+    for a, b in zip(ours, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        scale = float(jnp.max(jnp.abs(b.astype(jnp.float64 if jax.config.jax_enable_x64 else jnp.float32))))
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("k, stride, padding", CASES)
+def test_matches_lax_under_jit_and_scan(x64, k, stride, padding):
+    x, w = _inputs(jnp.float64, k=k)
+    strides = (stride, stride)
+    ref = jax.jit(lambda x, w: _vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding,
+                                                                          dimension_numbers=DN), x, w))(x, w)
+    ours = lambda a, b: conv_cpu.conv2d_nhwc(a, b, strides, padding)  # noqa: E731
+    _close(jax.jit(lambda x, w: _vjp(ours, x, w))(x, w), ref, 1e-13)
+
+    def body(carry, scale):  # two scan iterations; the gradients accumulate in the carry
+        y, dx, dw = _vjp(ours, x * scale, w)
+        return jax.tree.map(jnp.add, carry, (y, dx, dw)), None
+
+    zeros = tuple(jnp.zeros_like(a) for a in ref)
+    summed, _ = jax.jit(lambda: lax.scan(body, zeros, jnp.array([1.0, 1.0])))()
+    _close(tuple(a / 2 for a in summed), ref, 1e-13)
+
+
+TINY = [((2, 2), 3, 1, ((1, 1), (1, 1))), ((1, 3), 3, 1, ((1, 1), (1, 1))), ((3, 3), 3, 2, ((1, 1), (1, 1))),
+        ((2, 2), 5, 1, ((2, 2), (2, 2)))]  # (input size, kernel, stride, padding): outputs smaller than the kernel
+
+
+@pytest.mark.parametrize("size, k, stride, padding", TINY)
+def test_output_smaller_than_kernel_takes_im2col(x64, size, k, stride, padding):
+    x, w = _inputs(jnp.float64, size=size, k=k)
+    strides = (stride, stride)
+    assert conv_cpu._tiny_output(x.shape, w.shape, strides, padding)
+    ref = _vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN), x, w)
+    _close(jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, strides, padding), x, w))(x, w),
+           ref, 1e-13)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_dispatch_string_padding(x64, padding):
+    x, w = _inputs(jnp.float64)
+    f = lambda impl: lambda a, b: impl(a, b, (1, 1), padding, dimension_numbers=DN)  # noqa: E731
+    jaxpr = str(jax.make_jaxpr(f(conv_cpu.conv_general_dilated))(x, w))
+    assert "custom_vjp_call" in jaxpr
+    _close(_vjp(f(conv_cpu.conv_general_dilated), x, w), _vjp(f(lax.conv_general_dilated), x, w), 1e-13)
+
+
+def test_dispatch_falls_back_for_dilation_and_groups(x64):
+    x, w = _inputs(jnp.float64, cin=4)
+    dilated = lambda impl: lambda a, b: impl(a, b, (1, 1), "SAME", rhs_dilation=(2, 2),  # noqa: E731
+                                             dimension_numbers=DN)
+    assert "custom_vjp_call" not in str(jax.make_jaxpr(dilated(conv_cpu.conv_general_dilated))(x, w))
+    _close(_vjp(dilated(conv_cpu.conv_general_dilated), x, w), _vjp(dilated(lax.conv_general_dilated), x, w), 0)
+    grouped = lambda impl: lambda a, b: impl(a, b, (1, 1), "SAME", feature_group_count=2,  # noqa: E731
+                                             dimension_numbers=DN)
+    wg = w[:, :, :2, :4]
+    assert "custom_vjp_call" not in str(jax.make_jaxpr(grouped(conv_cpu.conv_general_dilated))(x, wg))
+
+
+def _layer_pair(cin, cout, k, stride, padding, use_bias, dtype=None, param_dtype=jnp.float32):
+    """``layers.conv2d`` and an ``nnx.Conv`` with the same parameters."""
+    ours = layers.conv2d(cin, cout, k, stride=stride, padding=padding, use_bias=use_bias, rngs=nnx.Rngs(0),
+                         dtype=dtype, param_dtype=param_dtype)
+    ref = nnx.Conv(cin, cout, (k, k), strides=stride, padding=((padding, padding),) * 2, use_bias=use_bias,
+                   rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+    if use_bias:
+        ours.bias[...] = jnp.linspace(-1, 1, cout).astype(param_dtype)
+        ref.bias[...] = ours.bias[...]
+    ref.kernel[...] = ours.kernel[...]
+    return ours, ref
+
+
+def _layer_grads(layer, x):
+    """Output, input gradient and parameter gradients of ``sum(layer(x) * c)`` for a fixed cotangent ``c``."""
+    graphdef, params = nnx.split(layer, nnx.Param)
+
+    def loss(params, x):
+        y = nnx.merge(graphdef, params)(x)
+        c = jnp.cos(jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape)).astype(y.dtype)
+        return jnp.sum((y * c).astype(jnp.float32)), y
+
+    (_, y), (gp, gx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    return y, gx, gp
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("k, stride, padding", [(3, 1, 1), (1, 1, 0), (3, 2, 1)])
+def test_layer_matches_nnx_conv(x64, use_bias, k, stride, padding):
+    ours, ref = _layer_pair(3, 6, k, stride, padding, use_bias, param_dtype=jnp.float64)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 3, 8, 8, 3)))  # [T, N, H, W, C]
+    (y, gx, gp), (ry, rgx, rgp) = _layer_grads(ours, x), _layer_grads(ref, x)
+    _close((y, gx, gp["kernel"][...]), (ry, rgx, rgp["kernel"][...]), 1e-13)
+    if use_bias:
+        _close((gp["bias"][...],), (rgp["bias"][...],), 1e-13)
+
+
+def test_layer_bfloat16_matches_nnx_conv():
+    ours, ref = _layer_pair(4, 8, 3, 1, 1, True, dtype=jnp.bfloat16)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 2, 8, 8, 4)), jnp.bfloat16)
+    (y, gx, gp), (ry, rgx, rgp) = _layer_grads(ours, x), _layer_grads(ref, x)
+    assert y.dtype == gx.dtype == jnp.bfloat16 and gp["kernel"][...].dtype == jnp.float32
+    _close((y, gx, gp["kernel"][...], gp["bias"][...]), (ry, rgx, rgp["kernel"][...], rgp["bias"][...]), 2e-2)
+
+
+def test_data_parallel_sharding_matches_one_device(x64):
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    x, w = _inputs(jnp.float64, n=8, size=(6, 6), cin=4, cout=8)
+    f = jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, (1, 1), ((1, 1), (1, 1))), x, w))
+    ref = f(x, w)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    ws = jax.device_put(w, NamedSharding(mesh, P()))
+    out = f(xs, ws)
+    assert out[0].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 4)  # the batch stayed split
+    _close(out, ref, 1e-13)
