@@ -1,7 +1,7 @@
 """Whole-training-step benchmark: snnjax's jitted train step against SpikingJelly's, same model and shapes.
 
     python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp} --batch-size N --T T
-        [--grad-accum K] [--steps S] [--warmup W] [--step train_step|direct] [--conv auto|xla]
+        [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
 
 Models at full size, float32, synthetic data, Adam (lr 1e-3), cross-entropy of the time-mean logits:
@@ -9,12 +9,11 @@ Models at full size, float32, synthetic data, Adam (lr 1e-3), cross-entropy of t
 - ``spikformer_ti``: 256 dims, depth 4, 8 heads, 10 classes, a static ``32 x 32 x 3`` image repeated T times;
 - ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``.
 
-``--step train_step`` (default) times ``snnjax.train.step.train_step`` jitted with the state donated (its
-microbatch ``lax.scan`` of ``--grad-accum`` steps included); ``--step direct`` times
-``jax.value_and_grad`` of the same loss plus the Adam update with no loop around the model
-(``--grad-accum`` must be 1). ``--conv xla`` swaps the CPU convolution (``snnjax.layers.conv_cpu``) for
-``lax.conv_general_dilated`` to measure what it gains. Reported: compile seconds (lower + compile) and the
-median / min milliseconds of ``--steps`` steps after ``--warmup``, each ended by ``block_until_ready``.
+It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
+has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps
+the CPU convolution (``snnjax.layers.conv_cpu``) for ``lax.conv_general_dilated`` to measure what it
+gains. Reported: compile seconds (lower + compile) and the median / min milliseconds of ``--steps``
+steps after ``--warmup``, each ended by ``block_until_ready``.
 ``--compare-spikingjelly`` runs SpikingJelly's own model (``snnjax.bench.spikingjelly_train_step``,
 torch CPU, 2 threads, multi-step mode, neuron backend ``torch``) with ``torch.optim.Adam`` in a
 subprocess of ``--sj-python`` right after, and prints the ratio SpikingJelly ms / ours (above 1: we are
@@ -69,8 +68,8 @@ def build_model(model: str, t: int, rngs, **overrides):
     return create_model(name, {**kwargs, **overrides}, rngs=rngs)
 
 
-def make_step(model: str, t: int, grad_accum: int, kind: str = "train_step", conv: str = "auto", **overrides):
-    """``(step, state)``: ``step(state, batch) -> (state, metrics)`` jitted with the state donated.
+def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrides):
+    """``(step, state)``: ``step(state, batch) -> (state, metrics)``, the jitted train step with the state donated.
 
     ``conv="xla"`` makes every ``Conv2d`` call ``lax.conv_general_dilated`` (XLA's own gradients) instead of
     the layer's default (``snnjax.layers.conv_cpu`` on a CPU).
@@ -93,32 +92,15 @@ def make_step(model: str, t: int, grad_accum: int, kind: str = "train_step", con
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                          opt_state=tx.init(params))
     cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum)
-    if kind == "train_step":
-        return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0), state
-    if grad_accum != 1:
-        raise SystemExit("--step direct has no gradient accumulation; use --grad-accum 1")
-
-    def direct(state, batch):
-        def loss_fn(params):
-            fresh = lambda tree: jax.tree.map(lambda v: v, tree)  # noqa: E731 (new Variables at this trace level)
-            m = nnx.merge(graphdef, params, fresh(state.rngs), fresh(state.model_state))
-            logits = m(batch["inputs"])
-            return S.classification_loss(logits, batch["labels"]).mean(), S.split_model(m)[3]
-
-        (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                             model_state=model_state, opt_state=opt_state), {"loss": loss}
-
-    return jax.jit(direct, donate_argnums=0), state
+    return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0), state
 
 
-def time_ours(model: str, batch: int, t: int, grad_accum: int, steps: int, warmup: int, kind: str = "train_step",
-              conv: str = "auto", **overrides) -> dict:
+def time_ours(model: str, batch: int, t: int, grad_accum: int, steps: int, warmup: int, conv: str = "auto",
+              **overrides) -> dict:
     """Compile seconds, per-step milliseconds and the first loss of our step."""
     import jax
 
-    step, state = make_step(model, t, grad_accum, kind, conv, **overrides)
+    step, state = make_step(model, t, grad_accum, conv, **overrides)
     x, y = make_batch(model, batch, t)
     data = {"inputs": jax.numpy.asarray(x), "labels": jax.numpy.asarray(y)}
     start = time.perf_counter()
@@ -171,8 +153,6 @@ def main(argv=None) -> dict:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-    p.add_argument("--step", default="train_step", choices=["train_step", "direct"],
-                   help="train_step: snnjax.train.step.train_step; direct: value_and_grad + Adam, no loop")
     p.add_argument("--conv", default="auto", choices=["auto", "xla"],
                    help="auto: Conv2d's default (snnjax.layers.conv_cpu on a CPU); xla: lax.conv_general_dilated")
     p.add_argument("--compare-spikingjelly", action="store_true")
@@ -186,17 +166,16 @@ def main(argv=None) -> dict:
     hostmem.keep_freed_memory()
     import jax
 
-    ours = time_ours(args.model, args.batch_size, args.T, args.grad_accum, args.steps, args.warmup, args.step,
-                     args.conv)
+    ours = time_ours(args.model, args.batch_size, args.T, args.grad_accum, args.steps, args.warmup, args.conv)
     device = jax.devices()[0]
     rec = {"bench": "train_step", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device_kind": device.device_kind,
            "platform": device.platform, "model": args.model, "input_shape": [args.T, args.batch_size,
                                                                             *input_shape(args.model)],
            "T": args.T, "batch": args.batch_size, "grad_accum": args.grad_accum, "dtype": "float32",
-           "step": args.step, "conv": args.conv, "optimizer": "adam", **ours, "steps": args.steps,
+           "step": "train_step", "conv": args.conv, "optimizer": "adam", **ours, "steps": args.steps,
            "warmup": args.warmup,
            "load_avg": os.getloadavg()[0], "jax_version": jax.__version__, "git_commit": _git_commit()}
-    line = (f"{args.model} N={args.batch_size} T={args.T} accum={args.grad_accum} {args.step} conv={args.conv}: "
+    line = (f"{args.model} N={args.batch_size} T={args.T} accum={args.grad_accum} conv={args.conv}: "
             f"ours {ours['median_ms']:.1f} ms (min {ours['min_ms']:.1f}, compile {ours['compile_s']:.1f} s)")
     if args.compare_spikingjelly:
         sj = run_spikingjelly(args.sj_python, args.model, args.batch_size, args.T, args.steps, args.warmup,

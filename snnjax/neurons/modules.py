@@ -96,7 +96,7 @@ class BaseNode(nnx.Module):
         Returns ``(spikes [T, ...], v)``, ``v`` being ``[T, ...]`` if ``return_v_seq`` else the final state.
         """
         return dispatch.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq,
-                           impl=self.impl)
+                                  impl=self.impl)
 
     def step(self, x: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One explicit-state step: ``(spikes, new state)``."""

@@ -107,6 +107,7 @@ def _forward_block(kernel, cfg, return_v_seq, x, v0, w):
 
 
 def _backward_global(kernel, cfg, return_v_seq, x, saved, v0, w, ds, dv):
+    """The unpartitioned backward (``custom_partitioning`` takes no keyword-only arguments such as ``dw_axes``)."""
     return _backward_block(kernel, cfg, return_v_seq, x, saved, v0, w, ds, dv)
 
 
