@@ -153,3 +153,22 @@ def test_data_parallel_sharding_matches_one_device(x64):
     out = f(xs, ws)
     assert out[0].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 4)  # the batch stayed split
     _close(out, ref, 1e-13)
+
+
+def test_cpu_compiler_options_keep_convolutions_off_ynnpack():
+    """By default XLA:CPU hands a 3x3 conv of this size to YNNPACK; with ``compiler_options`` it stays on Eigen.
+
+    (Compiled only, never run.) If the first assertion fails, XLA's default changed and the option needs a look.
+    """
+    x = jax.ShapeDtypeStruct((32, 24, 24, 256), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 3, 256, 256), jnp.float32)
+
+    def ynn_convolutions(options):
+        step = jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, (1, 1), ((1, 1), (1, 1))), x, w),
+                       compiler_options=options)
+        text = step.lower(x, w).compile().as_text()
+        return [line for line in text.splitlines() if "ynn_fusion" in line and "conv_general_dilated" in line]
+
+    assert ynn_convolutions(None)
+    assert conv_cpu.compiler_options("cpu") is not None and conv_cpu.compiler_options("gpu") is None
+    assert not ynn_convolutions(conv_cpu.compiler_options("cpu"))

@@ -80,6 +80,7 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrid
     from flax import nnx
 
     from snnjax.layers.conv import Conv2d
+    from snnjax.layers.conv_cpu import compiler_options
     from snnjax.train import step as S
 
     net = build_model(model, t, nnx.Rngs(params=0, dropout=1), **overrides)
@@ -92,7 +93,8 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrid
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                          opt_state=tx.init(params))
     cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum)
-    return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0), state
+    return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
+                   compiler_options=compiler_options()), state
 
 
 def time_ours(model: str, batch: int, t: int, grad_accum: int, steps: int, warmup: int, conv: str = "auto",

@@ -7,10 +7,13 @@ tuple: the channels are then the trailing dims (e.g. ``(3, heads, head_dim)`` of
 q/k/v projection), each normalised on its own exactly as the flattened channels would be.
 Train mode normalises with the biased batch variance and updates
 ``running = (1 - momentum) * running + momentum * batch`` with the *unbiased*
-batch variance, as torch does.
+batch variance, as torch does. Training mode differentiates through
+``batch_normalize``, whose backward is the closed form (two reductions and one
+elementwise pass; autodiff's chain through the statistics takes several more).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -52,18 +55,52 @@ class BatchNorm(nnx.Module):
         # Statistics in at least float32, even for bfloat16 compute.
         stat_dtype = jnp.promote_types(dtype, jnp.float32)
         xs = x.astype(stat_dtype)
+        scale, bias = self.scale[...].astype(stat_dtype), self.bias[...].astype(stat_dtype)
         if self.use_running_average:
             mean, var = self.mean[...].astype(stat_dtype), self.var[...].astype(stat_dtype)
-        else:
-            axes = tuple(range(x.ndim - k))
-            n = x.size // math.prod(self.feature_shape)
-            mean = jnp.mean(xs, axes)
-            var = jnp.mean(jnp.square(xs - mean), axes)
-            m = self.momentum
-            unbiased = var * (n / max(n - 1, 1))
-            rdt = self.mean[...].dtype
-            self.mean[...] = ((1 - m) * self.mean[...] + m * jax.lax.stop_gradient(mean)).astype(rdt)
-            self.var[...] = ((1 - m) * self.var[...] + m * jax.lax.stop_gradient(unbiased)).astype(rdt)
-        y = (xs - mean) * jax.lax.rsqrt(var + self.eps)
-        y = y * self.scale[...].astype(stat_dtype) + self.bias[...].astype(stat_dtype)
+            y = (xs - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias
+            return y.astype(dtype)
+        y, mean, var = batch_normalize(xs, scale, bias, self.eps)
+        n = x.size // math.prod(self.feature_shape)
+        m = self.momentum
+        unbiased = var * (n / max(n - 1, 1))
+        rdt = self.mean[...].dtype
+        self.mean[...] = ((1 - m) * self.mean[...] + m * jax.lax.stop_gradient(mean)).astype(rdt)
+        self.var[...] = ((1 - m) * self.var[...] + m * jax.lax.stop_gradient(unbiased)).astype(rdt)
         return y.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def batch_normalize(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(y, mean, var)``: ``x [..., *C]`` normalised with its batch statistics over every leading axis.
+
+    ``y = (x - mean) / sqrt(var + eps) * scale + bias``, ``var`` biased. Its backward is the closed form
+    (two reductions, one elementwise pass) rather than autodiff's chain through ``mean`` and ``var``.
+    """
+    return _batch_normalize(x, scale, bias, eps)[0]
+
+
+def _batch_normalize(x, scale, bias, eps):
+    axes = tuple(range(x.ndim - scale.ndim))
+    mean = jnp.mean(x, axes)
+    var = jnp.mean(jnp.square(x - mean), axes)
+    rstd = jax.lax.rsqrt(var + eps)
+    y = (x - mean) * (rstd * scale) + bias
+    return (y, mean, var), (x, mean, rstd, scale)
+
+
+def _batch_normalize_bwd(eps, res, cts):
+    x, mean, rstd, scale = res
+    dy, dmean, dvar = cts
+    axes = tuple(range(x.ndim - scale.ndim))
+    n = x.size // scale.size
+    xhat = (x - mean) * rstd
+    dbias = jnp.sum(dy, axes)
+    dscale = jnp.sum(dy * xhat, axes)
+    # d/dx of y through x, mean and var; then the statistics' own cotangents (zero in training).
+    dx = (rstd * scale) * (dy - (dbias + xhat * dscale) / n) + (dmean + 2 * dvar * (x - mean)) / n
+    return dx, dscale, dbias
+
+
+batch_normalize.defvjp(_batch_normalize, _batch_normalize_bwd)

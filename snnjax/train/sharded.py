@@ -13,6 +13,7 @@ import jax
 import optax
 from flax import nnx
 
+from snnjax.layers.conv_cpu import compiler_options
 from snnjax.parallel.plan import Plan
 from snnjax.train.step import StepConfig, TrainState, eval_step, train_step
 
@@ -38,10 +39,16 @@ def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphD
         batch_sh = {k: p.batch_sharding(batch_ndims[k], batch_axes[k]) for k in batch_axes}
     step = jax.jit(functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params)),
                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, None),
-                   donate_argnums=(0,) if donate else ())
+                   donate_argnums=(0,) if donate else (), compiler_options=_compiler_options(p))
     return state, step
 
 
 def eval_fn(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef):
     """The jitted ``eval_step`` under plan ``p`` (parameters gathered as in training)."""
-    return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=p.step_layout(state.params)))
+    return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=p.step_layout(state.params)),
+                   compiler_options=_compiler_options(p))
+
+
+def _compiler_options(p: Plan) -> dict[str, str] | None:
+    """XLA options for the plan's devices (the convolution runtime on CPUs: ``conv_cpu.compiler_options``)."""
+    return compiler_options(p.mesh.devices.flat[0].platform if p.mesh is not None else None)
