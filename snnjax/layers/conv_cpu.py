@@ -122,8 +122,7 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
     pads = []
     for k, s, (lo, hi), size, out in zip(w.shape[:2], strides, padding, x_shape[1:3], g.shape[1:3],
                                          strict=True):
-        unused = size + lo + hi - ((out - 1) * s + k)  # trailing input rows no window reached
-        pads.append((k - 1 - lo, k - 1 - hi + unused))
+        pads.append((k - 1 - lo, k - 1 - hi + _unreached(size, lo, hi, out, s, k)))
     w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3).astype(g.dtype)
     if strides == (1, 1) and _tiny_output(g.shape, w_t.shape, strides, pads):
         return im2col_conv(g, w_t, strides, pads, precision)
@@ -140,14 +139,18 @@ def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: tup
     kh, kw = w_shape[:2]
     pads = []
     for k, s, (lo, hi), size, out in zip((kh, kw), strides, padding, x.shape[1:3], g.shape[1:3], strict=True):
-        unused = size + lo + hi - ((out - 1) * s + k)  # trailing input rows no window reached
-        pads.append((lo, hi - unused))
+        pads.append((lo, hi - _unreached(size, lo, hi, out, s, k)))
     acc = _acc_dtype(x.dtype)
     # lhs [C_in, H, W, N] (C_in as the batch, N as the contracted feature), rhs [H_out, W_out, N, C_out]
     # (the cotangent as a kernel, dilated by the strides) -> [C_in, kh, kw, C_out].
     dw = lax.conv_general_dilated(x.transpose(3, 1, 2, 0).astype(acc), g.transpose(1, 2, 0, 3).astype(acc), (1, 1),
                                   pads, rhs_dilation=strides, dimension_numbers=_DN, precision=precision)
     return dw.transpose(1, 2, 0, 3)
+
+
+def _unreached(size: int, lo: int, hi: int, out: int, stride: int, k: int) -> int:
+    """How many trailing rows of the padded input no window reached (a stride that does not divide evenly)."""
+    return size + lo + hi - ((out - 1) * stride + k)
 
 
 def _acc_dtype(dtype):
