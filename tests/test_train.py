@@ -43,6 +43,18 @@ def run_train(workdir, *overrides, timeout=300, config="digits"):
                           timeout=timeout, cwd=ROOT)
 
 
+def start_until_checkpoint(cmd: list[str], workdir, **popen_kwargs) -> subprocess.Popen:
+    """Start ``cmd`` (a train.py run in ``workdir``) and return once its first checkpoint exists, still running."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, **popen_kwargs)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if (workdir / "checkpoints").exists() and any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    return proc
+
+
 def final_state(workdir) -> dict:
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     restored = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(steps[-1]) / "state")
@@ -94,13 +106,8 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
     assert run_train(full, *overrides).returncode == 0
 
     part = tmp_path / "part"
-    proc = subprocess.Popen(train_cmd(part, *overrides), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if (part / "checkpoints").exists() and any(p.name.isdigit() for p in (part / "checkpoints").iterdir()):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc = start_until_checkpoint(train_cmd(part, *overrides), part, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (part / "summary.json").exists()

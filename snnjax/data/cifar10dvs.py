@@ -11,6 +11,12 @@ Decoding follows SpikingJelly's ``CIFAR10DVS`` reader: skip the ASCII header
 ``y_raw = (addr & 0x7F00) >> 8``; events are ``x = 127 - y_raw``,
 ``y = 127 - x_raw``, ``p = 1 - polarity``.
 
+The files are jAER's AEDAT 2.0: a first line ``#!AER-DAT2.0``, more ``#``
+header lines, then 8 bytes per event. A file that is not (another format,
+random bytes), whose payload is not a whole number of events or is empty, or
+whose timestamps are not in time order (see :func:`snnjax.data.events.check_events`)
+raises a ``ValueError`` naming it, rather than being trained on.
+
 There is no official split. As SpikingJelly users do with
 ``split_to_train_test_set(0.9, dataset, 10)`` (``random_split=False``), the
 first ``ceil(0.9 * n_c)`` files of each class, in sorted file-name order (the
@@ -31,11 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from snnjax.data.event_folder import EventFolderSource, require_dir
-from snnjax.data.events import Events
+from snnjax.data.events import Events, check_events
 
 CIFAR10DVS_CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
                           "dog", "frog", "horse", "ship", "truck")
 CIFAR10DVS_SIZE = (128, 128)
+AEDAT_MAGIC = b"#!AER-DAT"  # the first line of an AEDAT file: magic, then the version ("2.0")
 _HINT = ("Download CIFAR10-DVS (https://figshare.com/articles/dataset/CIFAR10-DVS_New/4724671) and "
          "extract the ten class zips so that data_dir/<class>/*.aedat exists for the classes "
          f"{', '.join(CIFAR10DVS_CLASS_NAMES)}.")
@@ -60,19 +67,38 @@ def aedat_header_length(content: bytes) -> int:
     return length
 
 
+def aedat_version(path: str | os.PathLike, content: bytes) -> str:
+    """The version in the first line of AEDAT ``content`` (``"2.0"``); ``ValueError`` naming ``path`` if none."""
+    first = content.split(b"\n", 1)[0].strip()
+    if not first.startswith(AEDAT_MAGIC):
+        raise ValueError(f"{path}: not an AEDAT file: the first line should be {AEDAT_MAGIC.decode()}2.0, found "
+                         f"{first[:40]!r}. The file is corrupt or of another format; replace or remove it")
+    return first[len(AEDAT_MAGIC):].decode("ascii", errors="replace")
+
+
 def read_cifar10dvs_aedat(path: str | os.PathLike) -> Events:
-    """Decodes one CIFAR10-DVS ``.aedat`` file into int64 :class:`Events` (``t`` in microseconds)."""
+    """Decodes one CIFAR10-DVS ``.aedat`` file into int64 :class:`Events` (``t`` in microseconds).
+
+    Raises:
+      ValueError: naming ``path``: not AEDAT 2.x, a payload that is not a whole number of 8-byte
+        events or holds none, or events that cannot be a recording (see ``check_events``).
+    """
     content = Path(path).read_bytes()
+    version = aedat_version(path, content)
+    if not version.startswith("2."):
+        raise ValueError(f"{path}: AEDAT version {version!r}; CIFAR10-DVS files are AEDAT 2.0 (8-byte "
+                         "big-endian address/timestamp events), the only layout this reader decodes")
     data = content[aedat_header_length(content):]
     if len(data) % 8:
-        raise ValueError(f"{path}: {len(data)} data bytes is not a whole number of "
-                         "(address, timestamp) pairs of big-endian 32-bit words")
+        raise ValueError(f"{path}: {len(data)} data bytes after the header is not a whole number of "
+                         "(address, timestamp) pairs of big-endian 32-bit words: the file is truncated or corrupt")
     words = np.frombuffer(data, dtype=">u4").astype(np.int64)
     addr, t = words[0::2], words[1::2]
     polarity = addr & 0x1
     x_raw = (addr & 0xFE) >> 1
     y_raw = (addr & 0x7F00) >> 8
-    return Events(t=t, x=127 - y_raw, y=127 - x_raw, p=1 - polarity)
+    events = Events(t=t, x=127 - y_raw, y=127 - x_raw, p=1 - polarity)
+    return check_events(path, events, *CIFAR10DVS_SIZE)
 
 
 def split_files_by_ratio(files_per_class: list[list[Path]], split: str,

@@ -69,9 +69,17 @@ class EventFolderSource(Source):
         return self.cache_root / self.files[index].relative_to(self.root).with_suffix(".npz")
 
     def compute_frames(self, index: int) -> np.ndarray:
-        """Decodes and integrates example ``index`` without the cache: ``[T, h, w, 2]`` float32."""
-        frames = integrate_by_number(self.reader(self.files[index]), self.time_steps,
-                                     *self.sensor_size)
+        """Decodes and integrates example ``index`` without the cache: ``[T, h, w, 2]`` float32.
+
+        Raises:
+          ValueError: the file cannot be decoded or its events do not fit the sensor (naming the file).
+        """
+        path = self.files[index]
+        events = self.reader(path)
+        try:
+            frames = integrate_by_number(events, self.time_steps, *self.sensor_size)
+        except ValueError as err:  # a reader that does not check its events itself
+            raise ValueError(f"{path}: {err}") from err
         if self.size != self.sensor_size:
             frames = resize_area(frames, *self.size)
         return frames

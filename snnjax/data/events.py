@@ -10,12 +10,20 @@ indices ``[j * di, (j + 1) * di)``, and the last frame takes everything from
 (polarity, y, x); channel 0 counts ``p == 0``, channel 1 counts ``p != 0``.
 Unlike SpikingJelly's ``[T, 2, H, W]`` the result here is channels-last
 ``[T, H, W, 2]``.
+
+File readers pass what they decode through :func:`check_events`, so a corrupt
+file raises an error naming it instead of becoming frames of noise.
 """
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import numpy as np
+
+# A recording is in time order except at rare timestamp wraps or resets; random or misaligned bytes
+# decode to timestamps that go backwards between about half of all consecutive events.
+MAX_BACKWARD_FRACTION = 0.1
 
 
 class Events(NamedTuple):
@@ -25,6 +33,36 @@ class Events(NamedTuple):
     x: np.ndarray  # column, in [0, W)
     y: np.ndarray  # row, in [0, H)
     p: np.ndarray  # polarity, 0 (OFF) or 1 (ON)
+
+
+def check_events(path: str | os.PathLike, events: Events, height: int, width: int) -> Events:
+    """``events`` decoded from ``path`` if they can be a recording of a ``height x width`` sensor.
+
+    Checks that there is at least one event, that ``x`` lies in ``[0, width)``, ``y`` in
+    ``[0, height)`` and ``p`` in ``{0, 1}``, and that timestamps are non-negative and go backwards
+    between at most :data:`MAX_BACKWARD_FRACTION` of consecutive events (real recordings may
+    wrap or reset now and then, so order is not required outright).
+
+    Raises:
+      ValueError: naming ``path`` and what is wrong (a corrupt, truncated or foreign file).
+    """
+    t, x, y, p = (np.asarray(a).astype(np.int64) for a in events)
+    n = t.shape[0]
+    if not n:
+        raise ValueError(f"{path}: holds no events (an empty or truncated recording); replace or remove the file")
+    problems = []
+    for name, values, size in (("x", x, width), ("y", y, height), ("polarity", p, 2)):
+        if values.min() < 0 or values.max() >= size:
+            problems.append(f"{name} spans [{values.min()}, {values.max()}], outside [0, {size})")
+    if t.min() < 0:
+        problems.append(f"timestamps reach {t.min()} < 0")
+    backward = int(np.count_nonzero(np.diff(t) < 0))
+    if backward > MAX_BACKWARD_FRACTION * (n - 1):
+        problems.append(f"timestamps go backwards between {backward} of {n - 1} consecutive events")
+    if problems:
+        raise ValueError(f"{path}: not a valid recording of a {height}x{width} sensor ({n} events): "
+                         f"{'; '.join(problems)}. The file is corrupt or of another format; replace or remove it")
+    return events
 
 
 def segment_bounds_by_number(num_events: int, time_steps: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,11 @@ Each batch is a dict of numpy arrays, time-major as the library expects:
   last, partial global batch is padded to the full size (repeating the
   epoch's first example) so every step has the same shapes on every process.
 
-``b = global_batch_size // process_count`` is the local batch size.
+``b = global_batch_size // process_count`` is the local batch size. Given the
+sharding of the batch axis instead (``batch_sharding``), the process reads the
+rows its devices hold: with the batch axes spanning all processes that is
+slice ``k`` of ``P`` as above; where several processes hold the same rows (a
+model axis across processes) they read the same, larger slice.
 """
 from __future__ import annotations
 
@@ -44,15 +48,22 @@ class Loader:
       shuffle: permute each epoch (else dataset order).
       drop_remainder: drop the last partial global batch (training); else pad
         it and mark the padding in ``mask`` (evaluation).
-      process_index, process_count: this process and the number of processes
-        (default ``jax.process_index()`` / ``jax.process_count()``).
+      process_index, process_count: this process's slice of each global batch and the
+        number of slices (default ``jax.process_index()`` / ``jax.process_count()``).
+      batch_sharding: instead of those two, the sharding of a global batch's batch
+        axis (rank 1, e.g. ``snnjax.parallel.mesh.batch_sharding(mesh, 1)``); the
+        process reads the rows its devices hold under it.
       prefetch: batches to prepare ahead in a background thread (0: none).
     """
 
     def __init__(self, source: Source, global_batch_size: int, *, seed: int = 0,
                  shuffle: bool = True, drop_remainder: bool = True,
                  process_index: int | None = None, process_count: int | None = None,
-                 prefetch: int = 2):
+                 batch_sharding=None, prefetch: int = 2):
+        if batch_sharding is not None:
+            if process_index is not None or process_count is not None:
+                raise ValueError("give batch_sharding or process_index / process_count, not both")
+            process_index, process_count = process_slice(batch_sharding, global_batch_size)
         if process_index is None or process_count is None:
             import jax  # noqa: PLC0415 (the loader itself runs without jax)
 
@@ -63,7 +74,8 @@ class Loader:
                              f"{process_index} and {process_count}")
         if global_batch_size < 1 or global_batch_size % process_count:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of "
-                             f"process_count={process_count}")
+                             f"process_count={process_count}: each process reads an equal slice of every batch; "
+                             f"set the batch size (--config.global_batch_size) to a multiple of {process_count}")
         n = len(source)
         steps = n // global_batch_size if drop_remainder else -(-n // global_batch_size)
         if steps == 0:
@@ -127,3 +139,28 @@ class Loader:
         if start_step < 0:
             raise ValueError(f"start_step must be >= 0, got {start_step}")
         return prefetch_iterator(self._batches(start_step), self.prefetch)
+
+
+def process_slice(batch_sharding, global_batch_size: int) -> tuple[int, int]:
+    """``(k, n)``: this process's devices hold slice ``k`` of ``n`` of a global batch under ``batch_sharding``.
+
+    ``batch_sharding`` shards a rank-1 array of ``global_batch_size`` rows (the batch axis).
+    Error if this process holds no rows or rows that are not one aligned, contiguous slice
+    (devices not in process order).
+    """
+    import jax  # noqa: PLC0415 (as in Loader: the loader itself runs without jax)
+
+    held = batch_sharding.addressable_devices_indices_map((global_batch_size,)).values()
+    rows = sorted({(index[0].start or 0, global_batch_size if index[0].stop is None else index[0].stop)
+                   for index in held})
+    if not rows:
+        raise ValueError(f"process {jax.process_index()} has no device in the batch sharding; build the mesh over "
+                         "every process's devices (jax.devices())")
+    start, stop = rows[0][0], rows[-1][1]
+    size = stop - start
+    contiguous = all(a[1] == b[0] for a, b in zip(rows, rows[1:], strict=False))
+    if not contiguous or start % size or global_batch_size % size:
+        raise ValueError(f"the devices of process {jax.process_index()} hold rows {rows} of a batch of "
+                         f"{global_batch_size}, not one aligned contiguous slice; order the mesh's devices by "
+                         "process (as jax.devices() is) with the batch axes outermost")
+    return start // size, global_batch_size // size

@@ -8,7 +8,10 @@ Layout (the extracted ``Train.zip`` / ``Test.zip``)::
 Binary format (SpikingJelly's ``load_ATIS_bin``): 5 bytes (40 bits) per event,
 ``byte0`` x, ``byte1`` y, ``byte2`` bit 7 polarity, and the remaining 23 bits
 (``byte2 & 0x7F``, ``byte3``, ``byte4``, big-endian) the timestamp in
-microseconds. Examples are ordered by class, then by file name (as
+microseconds. A file whose size is not a whole number of events, that holds
+none, or whose events leave the 34x34 sensor or are out of time order
+(:func:`snnjax.data.events.check_events`) raises a ``ValueError`` naming it.
+Examples are ordered by class, then by file name (as
 SpikingJelly's ``DatasetFolder``), and label = digit.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from snnjax.data.event_folder import EventFolderSource, require_dir
-from snnjax.data.events import Events
+from snnjax.data.events import Events, check_events
 
 NMNIST_SIZE = (34, 34)
 NMNIST_SPLITS = {"train": "Train", "test": "Test"}
@@ -28,16 +31,22 @@ _HINT = ("Download N-MNIST's Train.zip / Test.zip (https://www.garrickorchard.co
 
 
 def read_nmnist_bin(path: str | os.PathLike) -> Events:
-    """Decodes one N-MNIST ``.bin`` file into uint32 :class:`Events` (``t`` in microseconds)."""
+    """Decodes one N-MNIST ``.bin`` file into uint32 :class:`Events` (``t`` in microseconds).
+
+    Raises:
+      ValueError: naming ``path``: a size that is not a whole number of 5-byte events, or events
+        that cannot be a recording of the 34x34 sensor (see ``check_events``).
+    """
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size % 5:
-        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of 5-byte events")
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of 5-byte events: the file is "
+                         "truncated or corrupt")
     raw = raw.astype(np.uint32)
     x = raw[0::5]
     y = raw[1::5]
     p = (raw[2::5] & 128) >> 7
     t = ((raw[2::5] & 127) << 16) | (raw[3::5] << 8) | raw[4::5]
-    return Events(t=t, x=x, y=y, p=p)
+    return check_events(path, Events(t=t, x=x, y=y, p=p), *NMNIST_SIZE)
 
 
 def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,

@@ -5,23 +5,38 @@ statistics) and optimizer state, plus a JSON record of the run (config and
 data position). RNG streams are not saved: the step functions derive all
 randomness from ``(seed, step)``. Restoring never writes to the checkpoint
 directory, so a failed resume leaves every checkpoint as it was.
+
+Saves are asynchronous: orbax writes a step into ``<step>.orbax-checkpoint-tmp``
+and renames it to ``<step>`` once complete, and deletes checkpoints beyond the
+newest ``keep`` only after that. A write that fails (disk full, permissions)
+surfaces when the save is waited for (``wait``, the next ``save``, ``close``) and
+becomes a :class:`CheckpointError` naming the failed step and the complete
+checkpoints left on disk, which the failure did not touch.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+_ITEMS = ("state", "meta")
+
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt, or does not fit this run."""
+    """A checkpoint is missing, incomplete or corrupt, does not fit this run, or could not be written."""
 
 
 def _saved_part(state) -> dict[str, Any]:
     return {"step": state.step, "params": state.params, "model_state": state.model_state,
             "opt_state": state.opt_state}
+
+
+def complete_steps(directory: str | pathlib.Path) -> list[int]:
+    """The steps with a complete checkpoint in ``directory``, as a fresh reader (a resumed run) sees them."""
+    return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(directory).absolute()))  # finalized, no tmp dirs
 
 
 class Checkpointer:
@@ -30,7 +45,8 @@ class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, keep: int = 3, *, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+        self._pending: int | None = None  # the step of a save not yet waited for
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -39,13 +55,38 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def save(self, state, meta: dict[str, Any]) -> None:
-        """Save ``state`` at its step (asynchronously; ``wait`` blocks until it is on disk)."""
+        """Save ``state`` at its step (asynchronously; ``wait`` blocks until it is on disk).
+
+        Raises:
+          CheckpointError: the previous save or this one failed; no further save should be attempted.
+        """
+        self.wait()
         step = int(jax.device_get(state.step))
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_saved_part(state)),
-                                                        meta=ocp.args.JsonSave(meta)))
+        try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_saved_part(state)),
+                                                            meta=ocp.args.JsonSave(meta)))
+        except Exception as e:  # orbax raises OSError, ValueError, ... for a write it cannot start
+            raise self._save_failed(step, e) from e
+        self._pending = step
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Block until the last save is on disk; ``CheckpointError`` if writing it failed."""
+        step, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # the background write's own error (OSError for a full disk, ...)
+            raise self._save_failed(step, e) from e
+
+    def _save_failed(self, step: int | None, error: Exception) -> CheckpointError:
+        kept = complete_steps(self.directory)
+        where = f"step {step}" if step is not None else "a step"
+        left = (f"the complete checkpoints there, steps {kept} (latest {kept[-1]}), are intact: fix the cause "
+                "(free disk space, write permission) and rerun the same command with --config.resume=True to "
+                f"continue from step {kept[-1]}" if kept else
+                "no complete checkpoint is there: fix the cause (free disk space, write permission) and rerun the "
+                "same command (without --config.resume=True)")
+        return CheckpointError(f"saving the checkpoint of {where} to {self.directory} failed: "
+                               f"{type(error).__name__}: {error}. Training stopped; {left}.")
 
     def restore(self, state_template, step: int | None = None):
         """``(state, meta)`` from ``step`` (default: latest), shaped and sharded like ``state_template``."""
@@ -68,4 +109,11 @@ class Checkpointer:
         return state, dict(restored["meta"])
 
     def close(self) -> None:
+        """Wait for the last save (``CheckpointError`` if it failed) and release the manager."""
+        try:
+            self.wait()
+        except CheckpointError:
+            with contextlib.suppress(Exception):  # the failure is reported above; release what is left
+                self.manager.close()
+            raise
         self.manager.close()

@@ -21,6 +21,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
+NONFINITE = ("stop", "skip")  # what a step with a NaN/inf loss or gradient does (snnjax/train/loop.py)
 # none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
 PARALLEL_MODES = (*_STRATEGY_MODES, "auto")
 
@@ -59,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.schedule = "cosine"
     c.warmup_steps = 0
     c.grad_clip_norm = 0.0  # 0: no clipping
+    # A step whose loss or gradient norm is NaN/inf: "stop" raises an error naming the step (nothing after
+    # it is saved), "skip" leaves parameters, optimizer state and BatchNorm statistics as they were and goes on.
+    c.nonfinite = "stop"
 
     c.log_every_steps = 20
     c.eval_every_steps = -1  # -1: after every epoch
@@ -96,6 +100,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("loss", c.loss, LOSSES)
     _choice("optimizer", c.optimizer, OPTIMIZERS)
     _choice("schedule", c.schedule, SCHEDULES)
+    _choice("nonfinite", c.nonfinite, NONFINITE)
     _choice("data.name", c.data.name, SOURCE_NAMES)
     _choice("data.encoder", c.data.encoder, tuple(ENCODERS))
     _choice("model.name", c.model.name, tuple(MODELS))

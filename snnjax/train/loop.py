@@ -3,11 +3,30 @@
 Data order, dropout masks and Poisson spikes are pure functions of
 ``(seed, step)``, and checkpoints hold the optimizer state, so a run resumed
 from a checkpoint continues the exact trajectory of an uninterrupted one.
+
+Faults a long run meets:
+
+* SIGTERM / SIGINT (preemption, Ctrl-C): the step under way finishes (with the
+  logging, evaluation and checkpoint due at it), a checkpoint of that step is
+  written and waited for, one line says how to resume, and ``run`` raises
+  :class:`Preempted` (``train.py`` exits with ``128 + signal``: 143, 130). The
+  resumed run continues the same trajectory bitwise. A second signal stops at
+  once, as without these handlers.
+* A step whose loss or gradient norm is NaN/inf (``config.nonfinite``):
+  ``"stop"`` raises :class:`NonFiniteError` naming the step, before anything
+  after it is saved, and says whether that step's batch held NaN/inf inputs;
+  ``"skip"`` applies no update at that step (the step counter still advances,
+  so later steps read the same data) and counts it in ``skipped_steps``. The
+  flags are read at each logging, evaluation and checkpoint step, not every step,
+  so the loop does not wait for the device in between.
+* A checkpoint that cannot be written: :class:`CheckpointError` naming the step
+  and the complete checkpoints left, which the failure did not touch.
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import time
 from typing import Any
 
@@ -25,11 +44,15 @@ from snnjax.models.registry import DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
 from snnjax.train import config as config_lib
-from snnjax.train.checkpoint import Checkpointer, CheckpointError
+from snnjax.train import faults
+from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
+from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
 from snnjax.train.optim import make_optimizer
 from snnjax.train.sharded import apply_plan, eval_fn
 from snnjax.train.step import StepConfig, TrainState, split_model
+
+__all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
@@ -88,10 +111,14 @@ class Trainer:
 
         train_src, test_src = make_sources(c)
         self.time_major = train_src.time_steps is not None
+        # Each process reads the rows its devices hold. Mode auto (mesh planned below) splits the batch outermost
+        # over a multiple of the process count, where the default slice (process k of P) is those rows.
         self.train_loader = Loader(train_src, c.global_batch_size, seed=c.seed, shuffle=True,
-                                   drop_remainder=True, prefetch=c.data.prefetch)
+                                   drop_remainder=True, prefetch=c.data.prefetch,
+                                   batch_sharding=None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1))
         self.eval_loader = Loader(test_src, c.global_batch_size, seed=c.seed, shuffle=False,
-                                  drop_remainder=False, prefetch=c.data.prefetch)
+                                  drop_remainder=False, prefetch=c.data.prefetch,
+                                  batch_sharding=None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1))
         spe = self.train_loader.steps_per_epoch
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
@@ -115,16 +142,19 @@ class Trainer:
 
         step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
-                              tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype)
+                              tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
+                              skip_nonfinite=c.nonfinite == "skip")
         self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx)
         self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
+        self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
+        self._signals = faults.StopSignals()  # replaced by the active one while run() trains
 
     # -- checkpoints -------------------------------------------------------------------------
 
     def _open_checkpoints(self) -> None:
         ckpt_dir = self.workdir / "checkpoints"
-        existing = ckpt_dir.exists() and any(ckpt_dir.iterdir())
+        existing = bool(complete_steps(ckpt_dir))  # a failed first save leaves only a tmp folder: start afresh
         if self.c.resume:
             if not existing:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
@@ -132,6 +162,7 @@ class Trainer:
             reader = Checkpointer(ckpt_dir, self.c.keep_checkpoints, read_only=True)
             self.state, meta = reader.restore(self.state)
             reader.close()
+            self.skipped_steps = int(meta.get("skipped_steps", 0))
             if meta.get("global_batch_size") != self.c.global_batch_size or meta.get("data") != self.c.data.name:
                 raise CheckpointError(f"the checkpoint in {ckpt_dir} was written with global_batch_size="
                                       f"{meta.get('global_batch_size')} on {meta.get('data')!r}; this run uses "
@@ -144,8 +175,53 @@ class Trainer:
 
     def _save(self) -> None:
         meta = {"global_batch_size": self.c.global_batch_size, "data": self.c.data.name,
-                "config": json.loads(self.c.to_json_best_effort())}
+                "skipped_steps": self.skipped_steps, "config": json.loads(self.c.to_json_best_effort())}
         self.checkpointer.save(self.state, meta)
+
+    def _close_checkpoints(self) -> None:
+        """Wait for the last save (``CheckpointError`` if it failed) and release the checkpoint manager."""
+        checkpointer, self.checkpointer = self.checkpointer, None
+        if checkpointer is not None:
+            checkpointer.close()
+
+    def _kept(self) -> str:
+        steps = complete_steps(self.workdir / "checkpoints")
+        return (f"the complete checkpoints in {self.workdir / 'checkpoints'} are steps {steps}" if steps
+                else f"{self.workdir / 'checkpoints'} holds no complete checkpoint")
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _stop(self, signum: int, done: int) -> None:
+        """After the checkpoint of step ``done`` was saved: wait for it, say how to resume, raise ``Preempted``."""
+        self.checkpointer.wait()
+        message = (f"stopped by {signal.Signals(signum).name} after step {done} of {self.total_steps}: checkpoint "
+                   f"{self.workdir / 'checkpoints' / str(done)} is on disk; to continue, rerun the same command "
+                   "with --config.resume=True")
+        self._log(message)
+        raise faults.Preempted(message, signum=signum, step=done)
+
+    def _check_finite(self, steps: list[tuple[int, dict[str, jax.Array]]], progress) -> None:
+        """Read the finite flags of ``steps`` (1-based step, its metrics); stop at or count the non-finite ones."""
+        if not steps:
+            return
+        flags = jax.device_get([m["finite"] for _, m in steps])
+        for (done, m), finite in zip(steps, flags, strict=True):
+            if finite:
+                continue
+            loss, norm = (float(jax.device_get(m[k])) for k in ("loss", "grad_norm"))
+            what = (f"step {done}: the loss ({loss}) or the gradient norm ({norm}) is not finite. "
+                    f"{faults.inputs_note(self.train_loader, self.c.data.name, done)}")
+            if self.c.nonfinite == "skip":
+                self.skipped_steps += 1
+                if self.is_main:
+                    progress.write(f"{what} Its update was skipped (config.nonfinite='skip').")
+                continue
+            self.checkpointer.wait()
+            raise faults.NonFiniteError(
+                f"{what} Training stopped (config.nonfinite='stop'); nothing from step {done} on was saved, and "
+                f"{self._kept()}, all from before it. Fix the data (or lower config.learning_rate / set "
+                "config.grad_clip_norm) and rerun the same command with --config.resume=True, or add "
+                "--config.nonfinite=skip to skip such steps.")
 
     # -- evaluation --------------------------------------------------------------------------
 
@@ -161,11 +237,37 @@ class Trainer:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        c = self.c
+        """Train to ``total_steps``, evaluate and write ``summary.json``; returns the summary.
+
+        Raises:
+          Preempted: SIGTERM/SIGINT arrived; the checkpoint of the last finished step is on disk.
+          NonFiniteError: ``nonfinite="stop"`` and a step's loss or gradient norm was NaN/inf.
+          CheckpointError: a checkpoint could not be restored or written (the complete ones are untouched).
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._open_checkpoints()
-        start = int(jax.device_get(self.state.step))
         writer = MetricWriter(self.workdir, enabled=self.is_main)
+        try:
+            with faults.StopSignals() as self._signals:
+                summary = self._train(writer)
+        except BaseException as error:
+            # Complete a save still in flight, so a failure costs no more than the steps since it; but a
+            # second signal (KeyboardInterrupt) asks to stop at once.
+            if not isinstance(error, KeyboardInterrupt):
+                try:
+                    self._close_checkpoints()
+                except Exception as also:  # noqa: BLE001 (reported; the first error is the one raised)
+                    self._log(f"note: while stopping, {type(also).__name__}: {also}")
+            raise
+        finally:
+            writer.close()
+        if self.is_main:
+            (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _train(self, writer: MetricWriter) -> dict[str, Any]:
+        c = self.c
+        start = int(jax.device_get(self.state.step))
         if self.is_main:
             (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
 
@@ -189,47 +291,67 @@ class Trainer:
         window, window_t, window_steps = [], time.perf_counter(), 0
         train_time, trained, last = 0.0, 0, {}
         eval_metrics: dict[str, float] = {}
-        batch = first
-        for step in range(start, self.total_steps):
-            t = time.perf_counter()
-            self.state, metrics = compiled(self.state, batch)
-            window.append(metrics)
-            window_steps += 1
-            done = step + 1
-            if done < self.total_steps:
-                batch = _global_batch(self.mesh, next(batches), self.time_major)
-            if done % c.log_every_steps == 0 or done == self.total_steps:
-                mean = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
-                elapsed = time.perf_counter() - window_t
-                last = {"train_loss": mean["loss"], "train_accuracy": mean["accuracy"], "grad_norm": mean["grad_norm"],
-                        "learning_rate": float(self.schedule(step)), "epoch": done / self.train_loader.steps_per_epoch,
-                        "samples_per_sec": window_steps * c.global_batch_size / elapsed}
-                writer.write(done, last)
-                progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
-                                     sps=f"{last['samples_per_sec']:.0f}")
-                window, window_t, window_steps = [], time.perf_counter(), 0
-            train_time += time.perf_counter() - t
-            trained += 1
-            progress.update(1)
-            if done % self.eval_every == 0 or done == self.total_steps:
+        unchecked: list[tuple[int, dict[str, jax.Array]]] = []  # (step, metrics) whose finite flag is unread
+        batch, stop = first, None
+        with progress:
+            for step in range(start, self.total_steps):
                 t = time.perf_counter()
-                eval_metrics = self.evaluate()
-                writer.write(done, eval_metrics)
-                progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
-                               f"eval_accuracy {eval_metrics['eval_accuracy']:.4f}")
-                window_t += time.perf_counter() - t
-            if done % c.checkpoint_every_steps == 0 or done == self.total_steps:
-                self._save()
-        progress.close()
+                self.state, metrics = compiled(self.state, batch)
+                window.append(metrics)
+                window_steps += 1
+                done = step + 1
+                unchecked.append((done, metrics))
+                final = done == self.total_steps
+                stop = None if final else self._signals.agreed(done, c.log_every_steps)
+                if not final and stop is None:
+                    batch = _global_batch(self.mesh, next(batches), self.time_major)
+                log_now = done % c.log_every_steps == 0 or final
+                eval_now = done % self.eval_every == 0 or final
+                save_now = done % c.checkpoint_every_steps == 0 or final or stop is not None
+                if log_now or eval_now or save_now:  # nothing of a non-finite step may be logged or saved unseen
+                    self._check_finite(unchecked, progress)
+                    unchecked = []
+                if log_now:
+                    values = jax.device_get(window)
+                    kept = [m for m in values if m["finite"]]  # all of them unless nonfinite="skip" skipped some
+                    mean = {k: float(np.mean([m[k] for m in kept])) if kept else float("nan")
+                            for k in ("loss", "accuracy", "grad_norm")}
+                    elapsed = time.perf_counter() - window_t
+                    last = {"train_loss": mean["loss"], "train_accuracy": mean["accuracy"],
+                            "grad_norm": mean["grad_norm"], "learning_rate": float(self.schedule(step)),
+                            "epoch": done / self.train_loader.steps_per_epoch,
+                            "samples_per_sec": window_steps * c.global_batch_size / elapsed}
+                    if c.nonfinite == "skip":
+                        last["skipped_steps"] = len(values) - len(kept)
+                    writer.write(done, last)
+                    progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
+                                         sps=f"{last['samples_per_sec']:.0f}")
+                    window, window_t, window_steps = [], time.perf_counter(), 0
+                train_time += time.perf_counter() - t
+                trained += 1
+                progress.update(1)
+                if eval_now:
+                    t = time.perf_counter()
+                    eval_metrics = self.evaluate()
+                    writer.write(done, eval_metrics)
+                    if self.is_main:
+                        progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
+                                       f"eval_accuracy {eval_metrics['eval_accuracy']:.4f}")
+                    window_t += time.perf_counter() - t
+                if save_now:
+                    self._save()
+                if stop is not None:
+                    break
+        if stop is not None:
+            self._stop(stop, done)
         if not eval_metrics:  # resumed at the end: nothing left to train
             eval_metrics = self.evaluate()
-        self.checkpointer.wait()
-        self.checkpointer.close()
-        writer.close()
+        self._close_checkpoints()
 
-        summary = {
+        return {
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
+            "skipped_steps": self.skipped_steps,
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
@@ -238,9 +360,6 @@ class Trainer:
                          "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},
                          "collectives": step_cost["collectives"]},
         }
-        if self.is_main:
-            (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
     def _log(self, message: str) -> None:
         if self.is_main:

@@ -11,6 +11,13 @@ all-gathered), each gradient to its layout before accumulation and the update
 (ZeRO-2 / FSDP: reduce-scattered), and the layout context (activation rules and
 the mesh, ``snnjax.parallel.logical``) is entered while the step is traced.
 
+Every step reports ``metrics["finite"]``: whether its loss and gradient norm
+are finite (a NaN/inf anywhere in the gradients makes the norm non-finite).
+With ``skip_nonfinite`` a step that is not finite applies no update: it returns
+the parameters, optimizer state and model state (BatchNorm statistics) it was
+given, with the step counter advanced, so the data and randomness of later
+steps stay those of their step number.
+
 With ``grad_accum_steps == 1`` the step has no loop: XLA:CPU runs a convolution's
 gradient many times slower inside a loop body than outside (jax-ml/jax issue
 12868), and a one-iteration scan would be that loop.
@@ -53,6 +60,7 @@ class StepConfig:
     grad_accum_steps: int = 1
     compute_dtype: Any = jnp.float32
     return_grads: bool = False  # also return the (averaged) gradients as metrics["grads"] (tests, debugging)
+    skip_nonfinite: bool = False  # a step with a non-finite loss or gradient norm keeps the state it was given
 
 
 def split_model(model: nnx.Module):
@@ -145,8 +153,14 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    loss, grad_norm = loss_sum / k, optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if cfg.skip_nonfinite:
+        params, opt_state, model_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (params, opt_state, model_state),
+            (state.params, state.opt_state, state.model_state))
     new_state = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
-    metrics = {"loss": loss_sum / k, "accuracy": acc_sum / k, "grad_norm": optax.tree.norm(grads)}
+    metrics = {"loss": loss, "accuracy": acc_sum / k, "grad_norm": grad_norm, "finite": finite}
     if cfg.return_grads:
         metrics["grads"] = grads
     return new_state, metrics

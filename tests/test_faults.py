@@ -1,0 +1,278 @@
+"""Faults a long run meets: a preemption signal, a NaN/inf step, a checkpoint that cannot be written.
+
+Every run is the digits MLP for a few steps on one device; ``reference`` is the
+uninterrupted run the interrupted ones must reproduce bitwise.
+"""
+import errno
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
+from test_train import start_until_checkpoint
+
+from snnjax.data import Loader
+from snnjax.train import base_config, loop, train_and_evaluate, validate
+from snnjax.train.checkpoint import CheckpointError, complete_steps
+from snnjax.train.loop import NonFiniteError, Preempted
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = 6
+NAN_STEP = 3  # 1-based, as the logs count
+
+
+def small_config(**overrides):
+    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.num_steps, c.global_batch_size, c.parallel.mode = STEPS, 32, "none"
+    c.log_every_steps, c.checkpoint_every_steps, c.keep_checkpoints = 2, 1, STEPS + 1  # keep every step
+    for key, value in overrides.items():
+        setattr(c, key, value)
+    return c
+
+
+def saved(workdir: pathlib.Path, step: int) -> dict[str, np.ndarray]:
+    """Every array of checkpoint ``step`` (step, params, model_state, opt_state), by path."""
+    tree = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}/{k}")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix}/{i}")
+        else:
+            out[prefix] = np.asarray(node)
+
+    walk(tree, "")
+    return out
+
+
+def assert_same(a: dict, b: dict, *, but=("/step",)):
+    assert a.keys() == b.keys() and any(k.startswith("/params") for k in a)
+    for k in a:
+        if k not in but:
+            assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("reference")
+    train_and_evaluate(small_config(), workdir)
+    return workdir
+
+
+def inject_nan(monkeypatch, step: int = NAN_STEP) -> int:
+    """Make the training batch of ``step`` (1-based) hold a NaN example; returns that example's index."""
+    real = loop.make_sources
+    box = {}
+
+    def make_sources(c):
+        train, test = real(c)
+        loader = Loader(train, c.global_batch_size, seed=c.seed, process_index=0, process_count=1, prefetch=0)
+        box["index"] = int(loader.step_indices(0, step - 1)[0][5])
+        train._inputs[box["index"], 2, 3, 0] = np.nan
+        return train, test
+
+    monkeypatch.setattr(loop, "make_sources", make_sources)
+    make_sources(small_config())
+    return box["index"]
+
+
+@pytest.fixture(scope="module")
+def skipped_run(tmp_path_factory):
+    """A run with ``nonfinite="skip"`` whose step ``NAN_STEP`` has a NaN input: ``(workdir, summary)``."""
+    workdir = tmp_path_factory.mktemp("skip")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        inject_nan(monkeypatch)
+        summary = train_and_evaluate(small_config(nonfinite="skip"), workdir)
+    return workdir, summary
+
+
+# ----------------------------------------------------------------------------- signals
+
+def test_sigint_saves_the_step_then_resume_is_bitwise_equal(tmp_path, monkeypatch, reference):
+    real = loop.make_sources
+
+    def make_sources(c):  # the third batch read sends SIGINT (from the prefetch thread)
+        train, test = real(c)
+        read, reads = train._read, []
+
+        def reading(indices):
+            reads.append(1)
+            if len(reads) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return read(indices)
+
+        train._read = reading
+        return train, test
+
+    monkeypatch.setattr(loop, "make_sources", make_sources)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    c = small_config(checkpoint_every_steps=100)  # the only checkpoint is the one the signal asks for
+    with pytest.raises(Preempted) as stopped:
+        train_and_evaluate(c, tmp_path)
+    k = stopped.value.step
+    assert stopped.value.signum == signal.SIGINT and stopped.value.exit_code == 130 and 1 <= k < STEPS
+    assert f"stopped by SIGINT after step {k} of {STEPS}" in str(stopped.value)
+    assert "--config.resume=True" in str(stopped.value)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert complete_steps(tmp_path / "checkpoints") == [k] and not (tmp_path / "summary.json").exists()
+    assert_same(saved(tmp_path, k), saved(reference, k), but=())
+
+    monkeypatch.undo()
+    c.resume = True
+    summary = train_and_evaluate(c, tmp_path)
+    assert summary["steps"] == STEPS
+    assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
+
+
+def train_cmd(workdir, *overrides):
+    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "digits.py"),
+            "--workdir", str(workdir), "--config.num_steps=400", "--config.checkpoint_every_steps=25",
+            "--config.log_every_steps=50", "--config.parallel.mode=none", *overrides]
+
+
+def test_sigterm_stops_train_py_with_143_then_resume_is_bitwise_equal(tmp_path):
+    full = tmp_path / "full"
+    assert subprocess.run(train_cmd(full), capture_output=True, timeout=300, cwd=ROOT).returncode == 0
+
+    part = tmp_path / "part"
+    proc = start_until_checkpoint(train_cmd(part), part, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    stop = re.search(r"stopped by SIGTERM after step (\d+) of 400: checkpoint (\S+) is on disk; .*"
+                     r"--config.resume=True", out)
+    assert stop, out[-2000:]
+    k = int(stop.group(1))
+    assert pathlib.Path(stop.group(2)) == part / "checkpoints" / str(k)
+    assert max(complete_steps(part / "checkpoints")) == k
+    assert not (part / "summary.json").exists()
+
+    resumed = subprocess.run(train_cmd(part, "--config.resume=True"), capture_output=True, text=True, timeout=300,
+                             cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming at step {k}" in resumed.stdout
+    assert_same(saved(part, 400), saved(full, 400), but=())
+
+
+# ----------------------------------------------------------------------------- non-finite steps
+
+def test_nonfinite_must_be_stop_or_skip():
+    c = base_config()
+    assert c.nonfinite == "stop"
+    c.nonfinite = "ignore"
+    with pytest.raises(ValueError, match=r"config.nonfinite='ignore' is not allowed; choose one of \['stop', 'skip'\]"):
+        validate(c)
+
+
+def test_skip_keeps_the_state_of_a_nonfinite_step_and_counts_it(skipped_run, reference):
+    workdir, summary = skipped_run
+    assert summary["skipped_steps"] == 1
+    before, at, after = (saved(workdir, s) for s in (NAN_STEP - 1, NAN_STEP, NAN_STEP + 1))
+    assert_same(before, saved(reference, NAN_STEP - 1), but=())  # the same trajectory up to the NaN
+    assert_same(at, before)  # params, optimizer state and BatchNorm statistics as before the step
+    assert at["/step"] == NAN_STEP  # ... but the step counter moved on, so the data order is kept
+    assert any(not np.array_equal(at[k], after[k]) for k in at if k.startswith("/params"))
+    assert all(np.isfinite(v).all() for v in saved(workdir, STEPS).values())
+    assert np.isfinite(summary["train_loss"])
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["skipped_steps"] for r in records if "skipped_steps" in r} == {2: 0, 4: 1, 6: 0}
+
+
+def test_stop_names_the_step_saves_nothing_after_it_and_resume_with_skip_continues(tmp_path, monkeypatch,
+                                                                                  skipped_run):
+    index = inject_nan(monkeypatch)
+    c = small_config(checkpoint_every_steps=2, log_every_steps=4)  # the NaN step (3) is first read at step 4
+    with pytest.raises(NonFiniteError) as stopped:
+        train_and_evaluate(c, tmp_path)
+    message = str(stopped.value)
+    # The spikes of a NaN membrane are 0, so the loss can stay finite; the surrogate gradient cannot.
+    assert re.match(rf"step {NAN_STEP}: the loss \(\S+\) or the gradient norm \(nan\) is not finite\. ", message)
+    assert f"holds NaN/inf inputs (the usual cause): digits training example(s) {index}." in message
+    assert f"are steps [{NAN_STEP - 1}]" in message and "--config.resume=True" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [str(NAN_STEP - 1)]
+    assert all(np.isfinite(v).all() for v in saved(tmp_path, NAN_STEP - 1).values())
+
+    # The kept checkpoint continues, skipping the bad step, exactly as a run that skipped it from the start.
+    c.resume, c.nonfinite = True, "skip"
+    assert train_and_evaluate(c, tmp_path)["skipped_steps"] == 1
+    assert_same(saved(tmp_path, STEPS), saved(skipped_run[0], STEPS), but=())
+
+
+def test_a_diverged_step_is_told_apart_from_bad_inputs(tmp_path):
+    c = small_config(learning_rate=1e38, optimizer="sgd", schedule="constant", checkpoint_every_steps=100)
+    with pytest.raises(NonFiniteError, match=r"Its batch inputs are finite, so the model diverged: lower "
+                                             r"config.learning_rate"):
+        train_and_evaluate(c, tmp_path)
+    assert complete_steps(tmp_path / "checkpoints") == []
+
+
+# ----------------------------------------------------------------------------- checkpoint writes
+
+@pytest.mark.parametrize("where", ["background write", "start of the save"])
+def test_failed_checkpoint_write_keeps_earlier_checkpoints(tmp_path, monkeypatch, reference, where):
+    """Saves at steps 2, 4, 6; writing step 4 fails (disk full) and the run stops at once with step 2 intact."""
+    if where == "background write":
+        real, calls = JsonCheckpointHandler._save_fn, []
+
+        async def save_fn(self, item, directory):
+            calls.append(directory)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+            await real(self, item, directory)
+
+        monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", save_fn)
+    else:
+        real, calls = ocp.CheckpointManager.save, []
+
+        def save(self, step, *args, **kwargs):
+            calls.append(step)
+            if step == 4:
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
+            return real(self, step, *args, **kwargs)
+
+        monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    c = small_config(checkpoint_every_steps=2, keep_checkpoints=1)  # a finished save of 4 would delete 2
+    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 4 to \S+ failed: OSError: \[Errno 28\] "
+                                              r"No space left on device.*steps \[2\] \(latest 2\), are intact.*"
+                                              r"--config.resume=True to continue from step 2"):
+        train_and_evaluate(c, tmp_path)
+    assert len(calls) == 2  # nothing was saved after the failure
+    assert complete_steps(tmp_path / "checkpoints") == [2] and not (tmp_path / "summary.json").exists()
+
+    monkeypatch.undo()
+    c.resume = True
+    assert train_and_evaluate(c, tmp_path)["steps"] == STEPS
+    assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
+
+
+def test_a_failed_first_checkpoint_leaves_a_workdir_a_fresh_run_can_use(tmp_path, monkeypatch, reference):
+    real = JsonCheckpointHandler._save_fn
+
+    async def save_fn(self, item, directory):
+        raise OSError(errno.EACCES, "Permission denied", str(directory))
+
+    monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", save_fn)
+    c = small_config(checkpoint_every_steps=2)
+    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 2 .* PermissionError: .*no complete "
+                                              r"checkpoint is there: .* rerun the same command \(without "):
+        train_and_evaluate(c, tmp_path)
+    assert complete_steps(tmp_path / "checkpoints") == [] and any((tmp_path / "checkpoints").iterdir())
+
+    monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", real)
+    train_and_evaluate(c, tmp_path)
+    assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
