@@ -33,18 +33,22 @@ import time
 
 import numpy as np
 
+from snnjax.bench.common import append_jsonl, git_commit
+
 MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp")
 
 
-def input_shape(model: str) -> tuple[int, ...]:
-    """Per-example, per-time-step input shape (channels-last)."""
-    return {"cifar10dvs_vgg": (48, 48, 2), "spikformer_ti": (32, 32, 3), "mlp": (64,)}[model]
+def input_shape(model: str, image_size: int | None = None) -> tuple[int, ...]:
+    """Per-example, per-time-step input shape (channels-last); ``image_size`` replaces the frames' side."""
+    shape = {"cifar10dvs_vgg": (48, 48, 2), "spikformer_ti": (32, 32, 3), "mlp": (64,)}[model]
+    return shape if image_size is None or model == "mlp" else (image_size, image_size, shape[-1])
 
 
-def make_batch(model: str, batch: int, t: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def make_batch(model: str, batch: int, t: int, seed: int = 0,
+               image_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(inputs [T, N, ...] float32, labels [N] int32)``: event counts for the VGG, N(0, 1) images otherwise."""
     rng = np.random.default_rng(seed)
-    shape = (t, batch, *input_shape(model))
+    shape = (t, batch, *input_shape(model, image_size))
     if model == "cifar10dvs_vgg":
         x = (rng.random(shape) < 0.3) * rng.integers(1, 4, shape)
     elif model == "spikformer_ti":
@@ -54,8 +58,9 @@ def make_batch(model: str, batch: int, t: int, seed: int = 0) -> tuple[np.ndarra
     return np.ascontiguousarray(x, np.float32), rng.integers(0, 10, batch).astype(np.int32)
 
 
-def build_model(model: str, t: int, rngs, **overrides):
-    """The snnjax model at full size (``overrides`` shrink it for tests)."""
+def build_model(model: str, t: int, rngs, *, dtype=None, param_dtype=None, **overrides):
+    """The snnjax model at full size (``overrides`` shrink it for tests); ``dtype`` / ``param_dtype`` as in
+    ``create_model`` (None: the layers' defaults, float32)."""
     from snnjax.models.registry import create_model
 
     kwargs = {
@@ -65,7 +70,7 @@ def build_model(model: str, t: int, rngs, **overrides):
         "mlp": dict(in_features=64, hidden=(256,), num_classes=10),
     }[model]
     name = {"spikformer_ti": "spikformer"}.get(model, model)
-    return create_model(name, {**kwargs, **overrides}, rngs=rngs)
+    return create_model(name, {**kwargs, **overrides}, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
 def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrides):
@@ -137,16 +142,6 @@ def run_spikingjelly(python: str, model: str, batch: int, t: int, steps: int, wa
     return json.loads(lines[-1])
 
 
-def _git_commit() -> str | None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "-uno"], capture_output=True, text=True)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, choices=MODELS)
@@ -176,7 +171,7 @@ def main(argv=None) -> dict:
            "T": args.T, "batch": args.batch_size, "grad_accum": args.grad_accum, "dtype": "float32",
            "step": "train_step", "conv": args.conv, "optimizer": "adam", **ours, "steps": args.steps,
            "warmup": args.warmup,
-           "load_avg": os.getloadavg()[0], "jax_version": jax.__version__, "git_commit": _git_commit()}
+           "load_avg": os.getloadavg()[0], "jax_version": jax.__version__, "git_commit": git_commit()}
     line = (f"{args.model} N={args.batch_size} T={args.T} accum={args.grad_accum} conv={args.conv}: "
             f"ours {ours['median_ms']:.1f} ms (min {ours['min_ms']:.1f}, compile {ours['compile_s']:.1f} s)")
     if args.compare_spikingjelly:
@@ -194,9 +189,7 @@ def main(argv=None) -> dict:
                      f"ratio SJ/ours {sj['median_ms'] / ours['median_ms']:.2f}x")
     rec["load_avg_end"] = os.getloadavg()[0]
     print(line + f"; load {rec['load_avg']:.1f}-{rec['load_avg_end']:.1f}", flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+    append_jsonl(args.out, rec)
     return rec
 
 
