@@ -11,8 +11,22 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-config_flags.DEFINE_config_file("config", "configs/digits.py", "Path to a config file (configs/*.py).",
-                                lock_config=True)
+
+def _bad_override(error: Exception, argv: list[str]) -> None:
+    """A --config.KEY that names no key of the config: one line on stderr, exit status 2."""
+    bad = [a for a in argv[1:] if a.startswith("--config.")]
+    detail = " ".join(str(error).replace("\\n", " ").replace("\\'", "").replace("'", "").split())
+    print(f"error: a --config override names no key of the config ({detail}); overrides given: {bad}",
+          file=sys.stderr)
+    sys.exit(2)
+
+
+try:  # without --config, the default config file is loaded (and sys.argv's overrides applied) right here
+    config_flags.DEFINE_config_file("config", str(pathlib.Path(__file__).parent / "configs" / "digits.py"),
+                                    "Path to a config file (configs/*.py).", lock_config=True)
+except (AttributeError, KeyError, TypeError, ValueError) as e:
+    _bad_override(e, sys.argv)
+
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and summary.json go (default: runs/<config name>).")
 # A multi-process run (README "Multi-host training"): all three, the same address and count in every process,
 # or none (then $JAX_COORDINATOR_ADDRESS / $JAX_NUM_PROCESSES / $JAX_PROCESS_ID, a SLURM or Open MPI job, or one
@@ -80,14 +94,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return FLAGS(argv)
     except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
-        bad = [a for a in argv[1:] if a.startswith("--config.")]
-        detail = " ".join(str(e).replace("\\n", " ").replace("\\'", "").replace("'", "").split())
         if isinstance(e, flags.Error) and "config" not in str(e):  # another flag: absl's message names it
-            print(f"error: {detail}", file=sys.stderr)
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             sys.exit(2)
-        print(f"error: a --config override names no key of the config ({detail}); overrides given: {bad}",
-              file=sys.stderr)
-        sys.exit(2)
+        _bad_override(e, argv)
 
 
 if __name__ == "__main__":

@@ -271,6 +271,13 @@ def test_unknown_override_key_is_rejected(tmp_path):
     assert result.returncode == 2 and "learnng_rate" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_unknown_override_key_without_config_flag_is_rejected(tmp_path):
+    """Without --config the default config loads while train.py is imported: the same one-line error."""
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config.learnng_rate=0.1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "learnng_rate" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_every_model_option_can_be_overridden(tmp_path):
     result = run_train(tmp_path, "--config.model.neuron=PLIF", "--config.model.surrogate_function=atan",
                        "--config.num_steps=3", "--config.parallel.mode=none")
