@@ -63,9 +63,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     """
     global _joined
     address = coordinator_address if coordinator_address is not None else os.environ.get(ENV_COORDINATOR) or None
-    count = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
-    index = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
-    collective = collective_timeout_s if collective_timeout_s is not None else _env_float(ENV_COLLECTIVE_TIMEOUT)
+    count = num_processes if num_processes is not None else _env_number(ENV_NUM_PROCESSES, int, "an integer")
+    index = process_id if process_id is not None else _env_number(ENV_PROCESS_ID, int, "an integer")
+    collective = (collective_timeout_s if collective_timeout_s is not None
+                  else _env_number(ENV_COLLECTIVE_TIMEOUT, float, "a number of seconds"))
     _check_settings(address, count, index, local_device_count, timeout_s, collective)
 
     if jax.distributed.is_initialized():
@@ -135,24 +136,15 @@ def _check_settings(address, count, index, local_device_count, timeout_s, collec
         raise ValueError(f"collective_timeout_s must be > 0 seconds, got {collective}")
 
 
-def _env_int(name: str) -> int | None:
+def _env_number(name: str, kind: type, what: str):
+    """``kind(os.environ[name])``, or None when unset or empty; ValueError naming the variable otherwise."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _env_float(name: str) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
+        raise ValueError(f"environment variable {name}={raw!r} is not {what}") from None
 
 
 def _describe(address, count, index) -> str:

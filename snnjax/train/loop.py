@@ -113,12 +113,11 @@ class Trainer:
         self.time_major = train_src.time_steps is not None
         # Each process reads the rows its devices hold. Mode auto (mesh planned below) splits the batch outermost
         # over a multiple of the process count, where the default slice (process k of P) is those rows.
+        rows = None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1)
         self.train_loader = Loader(train_src, c.global_batch_size, seed=c.seed, shuffle=True,
-                                   drop_remainder=True, prefetch=c.data.prefetch,
-                                   batch_sharding=None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1))
+                                   drop_remainder=True, prefetch=c.data.prefetch, batch_sharding=rows)
         self.eval_loader = Loader(test_src, c.global_batch_size, seed=c.seed, shuffle=False,
-                                  drop_remainder=False, prefetch=c.data.prefetch,
-                                  batch_sharding=None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1))
+                                  drop_remainder=False, prefetch=c.data.prefetch, batch_sharding=rows)
         spe = self.train_loader.steps_per_epoch
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
@@ -148,7 +147,7 @@ class Trainer:
         self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
-        self._signals = faults.StopSignals()  # replaced by the active one while run() trains
+        self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -248,7 +247,7 @@ class Trainer:
         self._open_checkpoints()
         writer = MetricWriter(self.workdir, enabled=self.is_main)
         try:
-            with faults.StopSignals() as self._signals:
+            with self._signals:
                 summary = self._train(writer)
         except BaseException as error:
             # Complete a save still in flight, so a failure costs no more than the steps since it; but a
