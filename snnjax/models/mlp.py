@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from snnjax import layers
+from snnjax.models.units import Unit, run_units
 from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, Sigmoid
 from snnjax.neurons.surrogate import Surrogate
 from snnjax.parallel.logical import alternate
@@ -49,9 +50,17 @@ class SpikingMLP(nnx.Module):
         self.head = layers.linear(fin, num_classes, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
                                   axes=(alternate(len(hidden))[0], "classes"))
 
+    def units(self) -> list[Unit]:
+        """One unit per hidden layer (``Linear -> [BatchNorm] -> neuron``; the first flattens), then the head."""
+        out = []
+        for i in range(len(self.fcs)):
+            owns = (f"fcs.{i}", f"neurons.{i}") + ((f"bns.{i}",) if self.bns is not None else ())
+            out.append(Unit(f"layers.{i}", owns, lambda x, i=i: self._layer(i, x)))
+        return out + [Unit("head", ("head",), lambda x: self.head(layers.flatten_features(x)))]
+
+    def _layer(self, i: int, x: jax.Array) -> jax.Array:
+        x = self.fcs[i](layers.flatten_features(x) if i == 0 else x)
+        return self.neurons[i](self.bns[i](x) if self.bns is not None else x)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = layers.flatten_features(x)
-        for i, (fc, node) in enumerate(zip(self.fcs, self.neurons, strict=True)):
-            x = fc(x)
-            x = node(self.bns[i](x) if self.bns is not None else x)
-        return self.head(x)
+        return run_units(self.units(), x)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax import layers
+from snnjax.models.units import Unit, run_units
 from snnjax.neurons import LIFNode
 from snnjax.parallel.logical import alternate
 
@@ -150,7 +151,13 @@ class Spikformer(nnx.Module):
         self.head = layers.linear(embed_dims, num_classes, kernel_init=_init, rngs=rngs, dtype=dtype,
                                   param_dtype=param_dtype, axes=("embed", "classes"))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def units(self) -> list[Unit]:
+        """The stem (patch stages and positional encoding, to tokens ``[T, N, L, D]``), each block, the head."""
+        blocks = [Unit(f"blocks.{i}", (f"blocks.{i}",), block) for i, block in enumerate(self.blocks)]
+        return ([Unit("stem", ("stages", "positional_encoding"), self._stem)] + blocks
+                + [Unit("head", ("head",), lambda x: self.head(jnp.mean(x, axis=2)))])
+
+    def _stem(self, x: jax.Array) -> jax.Array:
         if x.ndim == 4:
             x = jnp.broadcast_to(x[None], (self.T,) + x.shape)
         elif x.ndim != 5:
@@ -159,10 +166,10 @@ class Spikformer(nnx.Module):
             x = stage(x)
         x = x + self.positional_encoding(x)
         t, n, h, w, d = x.shape
-        x = x.reshape(t, n, h * w, d)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(jnp.mean(x, axis=2))
+        return x.reshape(t, n, h * w, d)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return run_units(self.units(), x)
 
 
 def spikformer_ti(**kwargs) -> Spikformer:

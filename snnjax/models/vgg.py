@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 
 from snnjax import layers
+from snnjax.models.units import Unit, run_units
 from snnjax.neurons import ATan, LIFNode
 from snnjax.neurons.surrogate import Surrogate
 from snnjax.parallel.logical import alternate, constrain
@@ -78,9 +79,14 @@ class CIFAR10DVSVGG(nnx.Module):
         self.classifier = layers.linear(cin * size * size, num_classes, rngs=rngs, dtype=dtype,
                                         param_dtype=param_dtype, axes=("embed", "classes"))
 
+    def units(self) -> list[Unit]:
+        """The 8 blocks, then the head (``AvgPool2d(2) -> flatten -> Dropout -> Linear``)."""
+        blocks = [Unit(f"features.{i}", (f"features.{i}",), block) for i, block in enumerate(self.features)]
+        return blocks + [Unit("head", ("dropout", "classifier"), self._head)]
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        return self.classifier(self.dropout(layers.flatten_features(layers.avg_pool2d(x, 2))))
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [T, N, H, W, C_in]`` -> logits ``[T, N, num_classes]``."""
-        for block in self.features:
-            x = block(x)
-        x = layers.flatten_features(layers.avg_pool2d(x, 2))
-        return self.classifier(self.dropout(x))
+        return run_units(self.units(), x)
