@@ -9,7 +9,10 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -73,3 +76,31 @@ def test_kernel_check_runs_a_case_and_catches_a_wrong_kernel(monkeypatch):
     # return_v_seq=True: a new trace of the checker's jitted runner, which picks up the patched kernels
     rec = check.check_case(cfg, dtype, True, random_v_init, check.P.DEFAULT, seed=1)
     assert not rec["ok"] and rec["v"] > 1e-3
+
+
+def _sj_python():
+    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them."""
+    if os.environ.get("SNNJAX_SJ_PYTHON"):
+        return os.environ["SNNJAX_SJ_PYTHON"]
+    return sys.executable if all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly")) else None
+
+
+@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
+def test_neuron_bench_spikingjelly_side_matches_and_is_recorded(tmp_path):
+    records = bench.main(["--ts", "2", "3", "--batch", "2", "--features", "40", "--impls", "xla", "--reps", "2",
+                          "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly", "--sj-python", _sj_python(),
+                          "--sj-threads", "1"])
+    assert [r["T"] for r in records] == [2, 3]
+    for r in records:
+        assert r["spikingjelly_backend"] == "cpu" and r["timing"] == "interleaved" and r["torch_threads"] == 1
+        assert r["spikingjelly_spikes_match"] and r["spikingjelly_dx_norm_rel_diff"] < 1e-5
+        assert r["spikingjelly_ms"] > 0 and r["torch_version"] and r["spikingjelly_version"] == "2.0.0"
+        assert r["threads"]["schedulable_cores"] >= 1
+
+
+def test_neuron_bench_without_spikingjelly_says_so(tmp_path, capsys):
+    records = bench.main(["--ts", "2", "--batch", "2", "--features", "40", "--impls", "xla", "--reps", "2",
+                          "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly",
+                          "--sj-python", str(tmp_path / "none")])
+    assert "spikingjelly_ms" not in records[0] and "none" in records[0]["spikingjelly_errors"]["cpu"]
+    assert "SpikingJelly cpu: unavailable" in capsys.readouterr().out

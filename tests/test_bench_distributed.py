@@ -1,8 +1,11 @@
 """The distributed benchmark on the tiny MLP over the 8 test CPU devices: records, comparisons, errors."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import sys
 
 import pytest
 
@@ -20,6 +23,10 @@ def _run(out, *extra):
     return bench.main([*argv, *extra])
 
 
+def _used_axes(rec):
+    return {a: s for a, s in rec["mesh"].items() if s > 1}
+
+
 def _records(out):
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -29,7 +36,7 @@ def test_dp_record_has_every_field_and_consistent_figures(tmp_path):
     rec = _run(out, "--mode", "dp", "--mesh", "data=8")
     assert _records(out) == [json.loads(json.dumps(rec))]
     assert not set(REQUIRED) - set(rec)
-    assert rec["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1, "stage": 1} and rec["mode_chosen"] == "dp"
+    assert _used_axes(rec) == {"data": 8} and rec["mode_chosen"] == "dp"
     assert rec["global_batch_size"] == 8 and rec["per_rank_batch_size"] == 1 and rec["data_replicas"] == 8
     assert rec["device_count"] == 8 and rec["process_count"] == 1 and rec["previous"] is None
     assert math.isclose(rec["global_throughput_sps"], 8 / rec["step_latency_ms"] * 1e3)
@@ -43,10 +50,18 @@ def test_dp_record_has_every_field_and_consistent_figures(tmp_path):
 
 def test_fsdp_tp_record(tmp_path):
     rec = _run(tmp_path / "dist.jsonl", "--mode", "fsdp_tp", "--mesh", "fsdp=4,tensor=2", "--no-phases")
-    assert rec["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2, "stage": 1}
+    assert _used_axes(rec) == {"fsdp": 4, "tensor": 2} and rec["mesh"]["data"] == 1
     assert rec["data_replicas"] == 4 and rec["per_rank_batch_size"] == 2
     assert rec["collectives"]["all-gather"]["count"] >= 1  # FSDP gathers the parameters
     assert rec["forward_ms"] is None and rec["step_latency_ms"] > 0
+
+
+def test_pipeline_record_carries_its_schedule(tmp_path):
+    rec = _run(tmp_path / "dist.jsonl", "--mode", "pp", "--mesh", "stage=2,data=4", "--pp-schedule", "zero_bubble")
+    assert _used_axes(rec) == {"stage": 2, "data": 4} and rec["mode_chosen"] == "pp"
+    assert rec["pp"]["schedule"] == "zero_bubble" and rec["pp"]["microbatches"] == 2 and sum(rec["pp"]["layout"]) == 2
+    assert rec["collectives"]["collective-permute"]["count"] >= 2  # activations and cotangents between stages
+    assert rec["forward_ms"] is None and math.isfinite(rec["loss"])
 
 
 def test_second_run_compares_with_the_first_and_other_keys_do_not(tmp_path, capsys):
@@ -90,3 +105,48 @@ def test_unknown_mode_and_mlp_image_size_are_usage_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _run(tmp_path / "x.jsonl", "--mode", "dp", "--image-size", "32")
     assert "--image-size" in capsys.readouterr().err
+
+
+def test_layout_bytes_follow_the_mode(tmp_path):
+    """fsdp=8 holds at most 1/8 (+5%) of the replicated parameters + optimizer state per device; dp's one
+    gradient all-reduce moves the gradient's size (within 5%)."""
+    out = tmp_path / "dist.jsonl"
+    none = _run(out, "--mode", "none", "--no-phases")
+    fsdp = _run(out, "--mode", "fsdp", "--mesh", "fsdp=8", "--no-phases")
+    dp = _run(out, "--mode", "dp", "--mesh", "data=8", "--no-phases")
+    state = lambda r: r["state_mb"]["param"] + r["state_mb"]["optimizer"]  # noqa: E731
+    assert state(fsdp) <= state(none) / 8 * 1.05
+    assert state(dp) == pytest.approx(state(none))
+    grad_mb = none["state_mb"]["param"]  # float32 gradients: the parameters' size
+    assert dp["collectives"]["all-reduce"]["count"] == 1
+    assert dp["collectives"]["all-reduce"]["mb"] == pytest.approx(grad_mb, rel=0.05)
+    assert none["collectives"]["all-reduce"]["count"] == 0
+
+
+def test_spikingjelly_comparison_without_an_interpreter_records_why(tmp_path, capsys):
+    rec = _run(tmp_path / "dist.jsonl", "--mode", "dp", "--mesh", "data=8", "--no-phases",
+               "--compare-spikingjelly", "--sj-python", str(tmp_path / "no-such-python"))
+    assert "no-such-python" in rec["spikingjelly_error"] and "spikingjelly_ms" not in rec
+    assert rec["step_latency_ms"] > 0 and "SpikingJelly unavailable" in capsys.readouterr().out
+
+
+def _sj_python():
+    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them."""
+    if os.environ.get("SNNJAX_SJ_PYTHON"):
+        return os.environ["SNNJAX_SJ_PYTHON"]
+    has = all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly"))
+    return sys.executable if has else None
+
+
+@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
+def test_spikingjelly_comparison_is_interleaved_and_traceable(tmp_path):
+    rec = _run(tmp_path / "dist.jsonl", "--mode", "dp", "--mesh", "data=8", "--no-phases", "--steps", "3",
+               "--compare-spikingjelly", "--sj-python", _sj_python(), "--sj-threads", "1")
+    assert rec["spikingjelly_backend"] == "torch" and rec["timing"] == "interleaved"
+    assert rec["torch_threads"] == 1 and rec["torch_version"] and rec["spikingjelly_version"]
+    assert rec["threads"]["xla_intra_op_threads"] >= 1 and "8" in rec["threads"]["xla_flags"]
+    assert rec["spikingjelly_devices"] == 1 and rec["spikingjelly_batch_size"] == rec["global_batch_size"]
+    assert "mode dp" in rec["comparison"] and "8 cpu devices" in rec["comparison"]
+    assert rec["spikingjelly_num_params"] == rec["num_params"]  # the same architecture
+    assert math.isclose(rec["ratio_spikingjelly_over_ours"], rec["spikingjelly_ms"] / rec["step_latency_ms"])
+    assert math.isclose(rec["spikingjelly_throughput_sps"], 8 / rec["spikingjelly_ms"] * 1e3)

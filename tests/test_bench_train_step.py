@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
 
+from snnjax.bench import peer, workload
 from snnjax.bench import train_step as bench
 
 
@@ -38,3 +40,66 @@ def test_batches_are_seeded_time_major():
     img, _ = bench.make_batch("spikformer_ti", 2, 3)
     np.testing.assert_array_equal(img[0], img[2])  # a static image repeated over T
 
+
+
+FAKE_PEER = '''
+import sys, time
+from snnjax.bench import peer
+
+calls = []
+
+def timed(_request):
+    calls.append(time.perf_counter())
+    return {"ms": float(len(calls))}
+
+def boom(_request):
+    raise RuntimeError("no such thing")
+
+if "--fail" in sys.argv:
+    sys.exit("cannot start: missing torch")
+peer.serve({"time": timed, "boom": boom}, {"name": "fake", "argv": sys.argv[1:]})
+'''
+
+
+def _fake_peer(tmp_path, *args):
+    script = tmp_path / "fake_peer.py"
+    script.write_text(FAKE_PEER)
+    return peer.Peer([sys.executable, str(script), *args])
+
+
+def test_peer_protocol_answers_and_reports_errors(tmp_path):
+    with _fake_peer(tmp_path, "--x") as p:
+        assert p.ready == {"name": "fake", "argv": ["--x"]}
+        assert [p.time_once() for _ in range(3)] == [1.0, 2.0, 3.0]
+        with pytest.raises(peer.PeerError, match="RuntimeError: no such thing"):
+            p.request("boom")
+        with pytest.raises(peer.PeerError, match="unknown op 'nope'"):
+            p.request("nope")
+        assert p.time_once() == 4.0  # still serving after errors
+    assert p.proc.returncode == 0
+    with pytest.raises(peer.PeerError, match="cannot start: missing torch"):
+        _fake_peer(tmp_path, "--fail")
+
+
+def test_interleave_alternates_the_sides_every_repetition():
+    order = []
+    timers = {name: (lambda name=name: order.append(name) or 1.0) for name in ("ours", "sj:torch")}
+    times = peer.interleave(timers, 4)
+    assert order == ["ours", "sj:torch", "sj:torch", "ours", "ours", "sj:torch", "sj:torch", "ours"]
+    assert times == {"ours": [1.0] * 4, "sj:torch": [1.0] * 4}
+
+
+def test_workload_widths_divide_and_refuse_what_cannot():
+    assert workload.architecture("cifar10dvs_vgg", 4, 8)["widths"] == (8, 16, 32, 32, 64, 64, 64, 64)
+    assert workload.architecture("spikformer_ti", 4, 8)["embed_dims"] == 32
+    assert workload.architecture("mlp", 4, 4)["hidden"] == (64,)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        workload.architecture("spikformer_ti", 4, 64)
+
+
+def test_compare_spikingjelly_with_a_missing_interpreter_records_the_error(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    rec = bench.main(["--model", "mlp", "--batch-size", "4", "--T", "2", "--steps", "2", "--warmup", "1",
+                      "--compare-spikingjelly", "--sj-python", str(tmp_path / "none"), "--out", str(out)])
+    assert "none" in rec["spikingjelly_error"] and rec["median_ms"] > 0
+    assert rec["threads"]["schedulable_cores"] >= 1 and json.loads(out.read_text())["spikingjelly_error"]

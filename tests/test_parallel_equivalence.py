@@ -77,13 +77,30 @@ def build(name: str):
 @functools.cache
 def _setup(model_name: str):
     """The model (built once per model), its split state, the optimizer and the batch."""
-    model, shape = build(model_name)
+    return initial_state(*build(model_name))
+
+
+def initial_state(model, shape):
+    """``(model, graphdef, Adam, host TrainState, a spike-like float64 batch of shape, labels)``."""
     graphdef, params, rngs, rest = split_model(model)
     tx = optax.adam(1e-2)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                        opt_state=tx.init(params))
     x = (jax.random.uniform(jax.random.key(1), shape) < 0.4).astype(jnp.float64) * 1.5
     return model, graphdef, tx, jax.device_get(state), x, jnp.arange(BATCH) % 10
+
+
+def three_steps(plan, host_state, cfg, graphdef, tx, x, y):
+    """``(first step's metrics, state after 3 steps, compiled step)``: ``plan`` applied, 3 steps on ``(x, y)``."""
+    state, step = apply_plan(plan, host_state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
+                             batch_ndims={"inputs": 5, "labels": 1})
+    batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
+             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
+    compiled = step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
+    state, first = compiled(state, batch)
+    for _ in range(2):
+        state, _ = compiled(state, batch)
+    return first, state, compiled
 
 
 @functools.cache
@@ -95,14 +112,7 @@ def _run(model_name: str, case: str):
     mode, spec, zero, sp = {**MODES, **EXTRA}[case]
     mesh = mesh_lib.make_mesh("data=1", jax.devices()[:1]) if spec is None else mesh_lib.make_mesh(spec)
     plan = parallel.plan(model, mesh, mode=mode, zero_stage=zero, sequence_parallel=sp)
-    state, step = apply_plan(plan, host_state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
-                                 batch_ndims={"inputs": 5, "labels": 1})
-    batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
-             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
-    compiled = step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
-    state, first = compiled(state, batch)
-    for _ in range(2):
-        state, _ = compiled(state, batch)
+    first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
     report = parallel.step_report(compiled, state)
     report["neuron_kernels"] = neuron_kernels(compiled.as_text())
     return jax.device_get(first), jax.device_get(state), plan, report

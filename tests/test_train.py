@@ -99,6 +99,17 @@ def test_digits_run_writes_metrics_summary_and_checkpoints(tmp_path):
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [10, 20, 30]
 
 
+def test_pipeline_run_trains_and_checkpoints(tmp_path):
+    """mode=pp over stage=2 x data=4 (the MLP's 2 units, one per stage) trains, evaluates and checkpoints."""
+    c = load_config("digits")
+    c.num_steps, c.log_every_steps, c.checkpoint_every_steps, c.global_batch_size = 20, 10, 10, 32
+    c.parallel.mode, c.parallel.mesh, c.parallel.pp.schedule = "pp", "stage=2,data=4", "zero_bubble"
+    summary = train_and_evaluate(c, tmp_path)
+    assert summary["mode"] == "pp" and summary["mesh"]["stage"] == 2 and summary["steps"] == 20
+    assert summary["eval_accuracy"] > 0.2  # chance: 0.1
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [10, 20]
+
+
 def test_killed_run_resumes_bitwise_equal(tmp_path):
     overrides = ["--config.num_steps=400", "--config.checkpoint_every_steps=25", "--config.log_every_steps=50",
                  "--config.parallel.mode=none", "--config.data.encoder=poisson"]
@@ -258,6 +269,9 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     ("--config.parallel.mesh=data=3", "needs 3 devices but 8 are available"),
     ("--config.global_batch_size=12", "does not divide over data x fsdp = 8"),
     ("--config.data.name=imagenet", "config.data.name='imagenet' is not allowed"),
+    ("--config.parallel.mesh=stage=2,data=4", "which only mode 'pp' uses"),
+    ("--config.parallel.mode=pp", "needs the mesh axis stage > 1"),
+    ("--config.parallel.pp.schedule=pipedream", "config.parallel.pp.schedule='pipedream' is not allowed"),
 ])
 def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
     result = run_train(tmp_path / "run", override)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 
 
 def git_commit() -> str | None:
@@ -17,8 +18,69 @@ def git_commit() -> str | None:
         return None
 
 
+def read_jsonl(path: str) -> Iterator[dict]:
+    """The JSON-object lines of ``path`` in order (lines that are not objects, e.g. cut off, skipped)."""
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
 def append_jsonl(path: str | None, record: dict) -> None:
     """Append ``record`` as one JSON line to ``path`` (nothing when ``path`` is None)."""
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def default_sj_backends(platform: str) -> tuple[str, ...]:
+    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; ``cupy`` and ``torch`` on a GPU (the fastest
+    that runs is compared)."""
+    return ("cupy", "torch") if platform in ("gpu", "cuda", "rocm") else ("torch",)
+
+
+def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t: int, width_div: int = 1,
+                             image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu"):
+    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts."""
+    from snnjax.bench.peer import PeerError, start_script
+
+    args = ["--model", model, "--T", str(t), "--batch-size", str(batch), "--width-div", str(width_div),
+            "--device", "cuda" if platform in ("gpu", "cuda", "rocm") else "cpu", "--threads", str(threads),
+            "--warmup", str(warmup)]
+    if image_size is not None:
+        args += ["--image-size", str(image_size)]
+    peers, errors = {}, {}
+    for backend in backends:
+        try:
+            peers[backend] = start_script(python, "spikingjelly_train_step.py", [*args, "--backend", backend])
+        except (PeerError, OSError) as e:
+            errors[backend] = str(e)
+    return peers, errors
+
+
+def spikingjelly_fields(peers: dict, times: dict[str, list[float]], ours_ms: float, batch: int,
+                        errors: dict[str, str]) -> dict:
+    """The record's SpikingJelly fields: every backend's median, and the fastest one's figures flat beside ours
+    (``ratio_spikingjelly_over_ours`` above 1: we are faster)."""
+    import statistics
+
+    per_backend = {b: {"median_ms": statistics.median(times[f"sj:{b}"]), "min_ms": min(times[f"sj:{b}"])}
+                   for b in peers}
+    out: dict = {"spikingjelly_backends": per_backend, "spikingjelly_errors": errors or None}
+    if not per_backend:
+        out["spikingjelly_error"] = "; ".join(f"{b}: {e}" for b, e in errors.items()) or "no backend"
+        return out
+    best = min(per_backend, key=lambda b: per_backend[b]["median_ms"])
+    ready, ms = peers[best].ready, per_backend[best]["median_ms"]
+    out.update(spikingjelly_ms=ms, spikingjelly_min_ms=per_backend[best]["min_ms"],
+               spikingjelly_throughput_sps=batch / ms * 1e3, ratio_spikingjelly_over_ours=ms / ours_ms,
+               spikingjelly_backend=best, spikingjelly_device=ready["device_name"], spikingjelly_devices=1,
+               spikingjelly_batch_size=ready["batch_size"], spikingjelly_loss=ready["loss"],
+               spikingjelly_num_params=ready["num_params"], torch_version=ready["torch_version"],
+               spikingjelly_version=ready["spikingjelly_version"], torch_threads=ready["torch_threads"],
+               torch_interop_threads=ready["torch_interop_threads"], timing="interleaved")
+    return out

@@ -3,9 +3,11 @@
     python -m snnjax.bench.distributed --model {mlp,cifar10dvs_vgg,spikformer_ti} --mode MODE
         [--mesh data=2,tensor=4] [--prefer speed|memory] [--batch-size B] [--T T] [--steps S] [--warmup W]
         [--image-size P] [--dtype float32|bfloat16|float64] [--regime REGIME] [--no-phases]
-        [--devices N] [--out FILE.jsonl]
+        [--width-div K] [--devices N] [--compare-spikingjelly [--sj-python PATH] [--sj-threads N]]
+        [--out FILE.jsonl]
 
-The model (``snnjax.bench.train_step.build_model``, full size) trains with Adam on synthetic data
+The model (``snnjax.bench.train_step.build_model``: full size, or every hidden width divided by
+``--width-div`` for layout studies on a CPU) trains with Adam on synthetic data
 (``make_batch``) under ``snnjax.parallel.plan(model, mesh, mode=MODE, objective=--prefer)`` (its time:
 ``optimize_ms``), jitted by ``snnjax.train.apply_plan``. Without ``--mesh`` the mode's usual mesh over all
 devices is used; a mesh must use every device. ``compile_ms`` is lower + compile; ``step_latency_ms`` is
@@ -28,27 +30,44 @@ step by kind from the compiled HLO (``snnjax.parallel.step_report``), compilatio
 (``recompile_count``, from jax's compile events) and warnings raised during the run (``warning_count``).
 ``previous``: the deltas (%) against the most recent earlier record of ``--out`` with the same
 ``comparison_key``. In a multi-process run only process 0 prints and writes.
+
+``--compare-spikingjelly``: SpikingJelly's equivalent step (same architecture, global batch, T, Adam) on
+ONE device (torch CPU, or one GPU with its fastest neuron backend of cupy / torch), run by ``--sj-python``
+in a process kept alive beside ours (``snnjax.bench.spikingjelly_train_step``); its steps and ours
+alternate repetition by repetition. The record says what was compared (``comparison``: our mode, mesh and
+device count against SpikingJelly's single device), and carries SpikingJelly's median step, throughput,
+``ratio_spikingjelly_over_ours`` (above 1: we are faster), backend, torch's and SpikingJelly's versions,
+and both sides' thread counts (``threads``, ``torch_threads``). float32 only.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import functools
-import json
 import os
 import statistics
+import sys
 import time
 import warnings
 from typing import Any
 
-from snnjax.bench.common import append_jsonl, git_commit
-from snnjax.bench.train_step import MODELS
+from snnjax.bench.common import (
+    append_jsonl,
+    default_sj_backends,
+    git_commit,
+    read_jsonl,
+    spikingjelly_fields,
+    start_spikingjelly_steps,
+)
+from snnjax.bench.peer import interleave, thread_info, timed_ms
+from snnjax.bench.workload import MODELS
 
-MODES = ("none", "dp", "zero1", "zero2", "fsdp", "tp", "fsdp_tp", "dp_tp", "hybrid", "auto")
+MODES = ("none", "dp", "zero1", "zero2", "fsdp", "tp", "fsdp_tp", "dp_tp", "hybrid", "pp", "auto")
 REGIMES = ("latency_strong_scaling", "throughput_weak_scaling", "memory_capacity")
 DTYPES = ("float32", "bfloat16", "float64")
 KEY_FIELDS = ("model", "mode", "mesh", "benchmark_regime", "batch_size_arg", "T", "dtype", "image_size",
-              "device_kind", "device_count", "process_count")
+              "width_div", "device_kind", "device_count", "process_count", "pp")
+KEY_DEFAULTS = {"width_div": 1, "pp": None}  # fields added later: what records written before them ran
 _MB = 2**20
 _compiles = {"count": 0, "listening": False}  # backend compilations in this process (once listening)
 
@@ -79,15 +98,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     p.add_argument("--image-size", type=int, help="frame side for cifar10dvs_vgg / spikformer_ti")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="compute dtype (bfloat16: float32 params)")
+    p.add_argument("--pp-schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zero_bubble"],
+                   help="--mode pp: the pipeline schedule")
+    p.add_argument("--pp-microbatches", type=int, default=0, help="--mode pp: microbatches (0: automatic)")
+    p.add_argument("--pp-virtual-stages", type=int, default=1, help="--mode pp: virtual stages per device")
+    p.add_argument("--pp-layout", default="", help='--mode pp: units per stage, e.g. "4|5" ("": cost-balanced)')
     p.add_argument("--regime", default="latency_strong_scaling", choices=REGIMES)
     p.add_argument("--phases", action=argparse.BooleanOptionalAction, default=True,
                    help="also time forward and forward+backward (two more compilations)")
+    p.add_argument("--width-div", type=int, default=1, help="divide every hidden width by K (1: full size)")
+    p.add_argument("--compare-spikingjelly", action="store_true",
+                   help="time SpikingJelly's single-device step beside ours, interleaved")
+    p.add_argument("--sj-python", default=sys.executable, help="Python with torch and spikingjelly")
+    p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
+                   help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
+    p.add_argument("--sj-backends", nargs="+", choices=["torch", "cupy"],
+                   help="SpikingJelly neuron backends (default: torch on a CPU, cupy and torch on a GPU)")
     p.add_argument("--devices", type=int, help="fake N host CPU devices (sets XLA_FLAGS; CLI only, before jax)")
     p.add_argument("--out", help="JSONL file: read for the previous record, then appended to")
     args = p.parse_args(argv)
     if args.image_size is not None and args.model == "mlp":
         p.error("--image-size applies to cifar10dvs_vgg and spikformer_ti, not mlp")
-    for name in ("batch_size", "T", "steps"):
+    if args.compare_spikingjelly and args.dtype != "float32":
+        p.error("--compare-spikingjelly runs float32 only")
+    for name in ("batch_size", "T", "steps", "width_div"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -209,7 +243,7 @@ def collectives_mb(report: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def comparison_key(rec: dict[str, Any]) -> dict[str, Any]:
     """The fields two records must share to be compared."""
-    return {k: rec.get(k) for k in KEY_FIELDS}
+    return {k: rec.get(k, KEY_DEFAULTS.get(k)) for k in KEY_FIELDS}
 
 
 def _pct(new, old) -> float | None:
@@ -221,14 +255,9 @@ def previous_deltas(path: str | None, rec: dict[str, Any]) -> dict[str, Any] | N
     if not path or not os.path.exists(path):
         return None
     key, prev = comparison_key(rec), None
-    with open(path) as f:
-        for line in f:
-            try:
-                old = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(old, dict) and old.get("bench") == "distributed" and comparison_key(old) == key:
-                prev = old  # later lines are newer
+    for old in read_jsonl(path):
+        if old.get("bench") == "distributed" and comparison_key(old) == key:
+            prev = old  # later lines are newer
     if prev is None:
         return None
     return {"timestamp": prev.get("timestamp"),
@@ -248,21 +277,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from snnjax import parallel
     from snnjax.bench.train_step import build_model
     from snnjax.parallel import mesh as mesh_lib
+    from snnjax.parallel.pipeline_plan import PipelineOptions
     from snnjax.train.sharded import apply_plan
     from snnjax.train.step import StepConfig, TrainState, split_model
 
     _listen_for_compiles()
     dtype = jnp.dtype(args.dtype)
-    overrides = {}
-    if args.image_size is not None:
-        overrides[{"cifar10dvs_vgg": "image_size", "spikformer_ti": "img_size"}[args.model]] = args.image_size
     net = build_model(args.model, args.T, nnx.Rngs(params=0, dropout=1), dtype=dtype,
-                      param_dtype=dtype if args.dtype == "float64" else None, **overrides)
+                      param_dtype=dtype if args.dtype == "float64" else None, width_div=args.width_div,
+                      image_size=args.image_size)
     mesh_arg = mesh_lib.make_mesh(args.mesh) if args.mesh else jax.device_count()
     strong = args.regime != "throughput_weak_scaling"
     start = time.perf_counter()
+    pp = {}
+    if args.mode == "pp":
+        if not args.mesh:
+            raise ValueError("--mode pp needs --mesh with stage > 1 (e.g. stage=2,data=4)")
+        pp = {"pipeline": PipelineOptions(args.pp_schedule, args.pp_virtual_stages, args.pp_microbatches,
+                                          args.pp_layout),
+              "input_shape": (args.T, args.batch_size, *net_input_shape(args.model, args.image_size)),
+              "compute_dtype": dtype}
     p = parallel.plan(net, mesh_arg, mode=args.mode, objective=args.prefer,
-                      global_batch_size=args.batch_size if strong else None)
+                      global_batch_size=args.batch_size if strong else None, **pp)
     optimize_ms = (time.perf_counter() - start) * 1e3
     if p.mesh is None:
         raise ValueError(f"mode {args.mode!r} planned a mesh of {p.axis_sizes} that this process's "
@@ -293,24 +329,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     for _ in range(args.warmup):
         jax.block_until_ready(one_step())
+    timers, peers, sj_errors = {"ours": lambda: timed_ms(lambda: jax.block_until_ready(one_step()))}, {}, {}
+    device = jax.devices()[0]
+    if args.compare_spikingjelly:
+        peers, sj_errors = start_spikingjelly_steps(
+            args.sj_python, args.sj_backends or default_sj_backends(device.platform), model=args.model,
+            batch=global_batch, t=args.T, width_div=args.width_div, image_size=args.image_size,
+            threads=args.sj_threads, warmup=args.warmup, platform=device.platform)
+        timers.update({f"sj:{b}": peer.time_once for b, peer in peers.items()})
     compiles_before = _compiles["count"]
-    times = _time_calls(one_step, args.steps, 0)
+    try:
+        all_times = interleave(timers, args.steps)
+    finally:
+        for peer in peers.values():
+            peer.close()
     recompiles = _compiles["count"] - compiles_before
+    times = all_times["ours"]
     loss = float(one_step()["loss"])
     latency = statistics.median(times)
 
     phases: dict[str, float | None] = {"forward_ms": None, "backward_ms": None, "optimizer_ms": None}
-    if args.phases:
+    if args.phases and p.pipeline is None:  # the pipeline has no separate forward to time
         forward, grads = _phase_fns(p, holder["state"], cfg, graphdef)
         fwd = statistics.median(_time_calls(lambda: forward(holder["state"], data), args.steps, max(args.warmup, 1)))
         fwd_bwd = statistics.median(_time_calls(lambda: grads(holder["state"], data), args.steps,
                                                 max(args.warmup, 1)))
         phases = {"forward_ms": fwd, "backward_ms": fwd_bwd - fwd, "optimizer_ms": latency - fwd_bwd}
 
-    device = jax.devices()[0]
-    return {
+    rec = {
         "bench": "distributed", "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": args.model, "mode": args.mode, "mode_chosen": p.mode, "objective": args.prefer,
+        "plan_reasons": list(p.reasons),
         "mesh": dict(p.axis_sizes), "benchmark_regime": args.regime, "batch_size_arg": args.batch_size,
         "global_batch_size": global_batch, "per_rank_batch_size": global_batch // replicas,
         "data_replicas": replicas, "T": args.T, "dtype": args.dtype, "image_size": args.image_size,
@@ -325,8 +374,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "state_mb": {k.removesuffix("_bytes"): report[k] / _MB
                      for k in ("param_bytes", "optimizer_bytes", "model_state_bytes")},
         "collectives": collectives_mb(report), "recompile_count": recompiles, "loss": loss,
-        "steps": args.steps, "warmup": args.warmup, "jax_version": jax.__version__, "git_commit": git_commit(),
+        "steps": args.steps, "warmup": args.warmup, "width_div": args.width_div, "threads": thread_info(),
+        "jax_version": jax.__version__, "git_commit": git_commit(),
+        "pp": None if p.pipeline_summary is None else {k: v for k, v in p.pipeline_summary.items() if k != "text"},
     }
+    if args.compare_spikingjelly:
+        rec.update(spikingjelly_fields(peers, all_times, latency, global_batch, sj_errors))
+        rec["comparison"] = (f"ours: mode {args.mode} ({p.mode}) on {jax.device_count()} {device.platform} devices, "
+                             f"mesh {dict(p.axis_sizes)}, global batch {global_batch}; SpikingJelly: 1 "
+                             f"{rec.get('spikingjelly_device', device.platform)} device, batch {global_batch}; "
+                             f"same architecture, T {args.T}, Adam, float32")
+    return rec
 
 
 def net_input_shape(model: str, image_size: int | None) -> tuple[int, ...]:
@@ -357,6 +415,13 @@ def summary(rec: dict[str, Any]) -> str:
                  f"{rec['peak_allocated_mb'] if rec['peak_allocated_mb'] is not None else 'n/a'} MiB")
     if rec["recompile_count"] or rec["warning_count"]:
         line += f"; recompiles {rec['recompile_count']}, warnings {rec['warning_count']}"
+    if "spikingjelly_ms" in rec:
+        line += (f"\n  SpikingJelly ({rec['spikingjelly_backend']} backend, torch {rec['torch_version']}, "
+                 f"{rec['torch_threads']} threads, 1 {rec['spikingjelly_device']} device, interleaved): "
+                 f"{rec['spikingjelly_ms']:.1f} ms/step, {rec['spikingjelly_throughput_sps']:.1f} samples/s; "
+                 f"ratio SJ/ours {rec['ratio_spikingjelly_over_ours']:.2f}x")
+    elif "spikingjelly_error" in rec:
+        line += f"\n  SpikingJelly unavailable ({rec['spikingjelly_error']})"
     if prev := rec.get("previous"):
         fmt = lambda v: "n/a" if v is None else f"{v:+.1f}%"  # noqa: E731
         line += (f"\n  vs {prev['timestamp']}: latency {fmt(prev['step_latency_pct'])}, throughput "

@@ -31,9 +31,11 @@ backend: ``xla`` and ``native`` on a CPU (the Pallas kernels only run interprete
 ``xla`` and ``pallas`` on a GPU.
 
 ``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode(step_mode='m')`` on the
-same shapes and inputs in a subprocess per backend (``snnjax.bench.spikingjelly_lif``;
-needs torch and spikingjelly): the torch backend on a CPU; on a GPU each of its CUDA
-implementations (``SJ_LIF_CUDA_IMPLEMENTATION``: triton, cuda, torch) that loads, and the
+same shapes and inputs in a process of ``--sj-python`` per backend, kept alive beside ours
+(``snnjax.bench.spikingjelly_lif``, ``snnjax.bench.peer``; needs torch and spikingjelly), its
+repetitions interleaved with the impls' (torch gets ``--sj-threads`` threads; the records carry
+both sides' thread counts and torch's and SpikingJelly's versions): the torch backend on a CPU;
+on a GPU each of its CUDA implementations (``SJ_LIF_CUDA_IMPLEMENTATION``: triton, cuda, torch) that loads, and the
 ratio to the fastest. (Its native ``cuda`` backend loads only when SpikingJelly was built
 from source; its bfloat16 ``LIFNode`` keeps V in bfloat16 and runs the torch reference,
 backend ``auto``.) ``--out`` appends one JSON line per (impl, T) configuration.
@@ -45,24 +47,17 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
+from snnjax.bench.peer import PeerError, interleave, start_script, thread_info, timed_ms
+from snnjax.bench.workload import lif_inputs as make_inputs
+
 BYTES_PASSES = 5  # fused fwd+bwd minimum: X, S (forward); X, dS, dX (backward)
 DEFAULT_FEATURES = {"cpu": 16384, "gpu": 65536}
 DEFAULT_INNER = {"gpu": 10}  # calls per timed repetition: a GPU call is short enough for host sync to show
-
-
-def make_inputs(t: int, batch: int, features: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, ds)`` float32 ``[t, batch, features]``: x = 0.5 + N(0,1), ds = N(0,1), seeded by t."""
-    rng = np.random.default_rng(1000 + t)
-    shape = (t, batch, features)
-    x = rng.standard_normal(shape, dtype=np.float32)
-    x += 0.5
-    return x, rng.standard_normal(shape, dtype=np.float32)
 
 
 def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
@@ -144,23 +139,22 @@ def measure_copy_gbps(reps: int, inner: int, nbytes: int = 1 << 30) -> tuple[flo
     return rates[0], rates[1]
 
 
-def time_impls(steps: dict, x, ds, reps: int, warmup: int, inner: int) -> dict[str, list[float]]:
-    """Milliseconds per call of each step function: ``inner`` calls per repetition, one sync, interleaved."""
+def time_impls(steps: dict, x, ds, reps: int, warmup: int, inner: int, peers: dict | None = None
+               ) -> dict[str, list[float]]:
+    """Milliseconds per call of each step function (``inner`` calls per repetition, one sync) and of each peer's
+    ``time`` request (``{label: Peer}``, already set up), interleaved repetition by repetition."""
     import jax
 
     for fn in steps.values():
         for _ in range(max(warmup, 1)):
             jax.block_until_ready(fn(x, ds))
-    times = {name: [] for name in steps}
-    order = list(steps)
-    for r in range(reps):
-        for name in (order if r % 2 == 0 else order[::-1]):
-            start = time.perf_counter()
-            for _ in range(inner):
-                out = steps[name](x, ds)
-            jax.block_until_ready(out)
-            times[name].append((time.perf_counter() - start) / inner * 1e3)
-    return times
+
+    def ours(fn):
+        return lambda: timed_ms(lambda: jax.block_until_ready([fn(x, ds) for _ in range(inner)]), 1) / inner
+
+    timers = {name: ours(fn) for name, fn in steps.items()}
+    timers.update({label: peer.time_once for label, peer in (peers or {}).items()})
+    return interleave(timers, reps)
 
 
 def summarize(spikes, dx) -> dict:
@@ -169,28 +163,85 @@ def summarize(spikes, dx) -> dict:
             "dx_norm": float(np.linalg.norm(np.asarray(dx, np.float64).ravel()))}
 
 
-def run_spikingjelly(python: str, backend: str, device: str, ts, batch: int, features: int, dtype: str,
-                     reps: int, warmup: int, inner: int, keep_freed_memory: bool) -> dict[int, dict]:
-    """Per T, SpikingJelly's timings (``snnjax.bench.spikingjelly_lif`` run by ``python``), or ``{"error": ...}``."""
-    cmd = [python, "-m", "snnjax.bench.spikingjelly_lif", "--backend", backend, "--device", device,
-           "--batch", str(batch), "--features", str(features), "--dtype", dtype, "--reps", str(reps),
-           "--warmup", str(warmup), "--inner", str(inner), "--ts", *map(str, ts)]
-    if keep_freed_memory:
-        cmd.append("--keep-freed-memory")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    if backend != "cpu":
-        env["SJ_LIF_CUDA_IMPLEMENTATION"] = backend
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            results[rec["T"]] = rec
-    if proc.returncode != 0 or not results:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {t: {"error": f"{backend}: {err}"} for t in ts}
-    return results
+def start_spikingjelly(python: str, backends, device: str, batch: int, features: int, dtype: str, warmup: int,
+                      inner: int, threads: int, keep_freed_memory: bool) -> tuple[dict, dict]:
+    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_lif.py`` peer per backend that starts."""
+    peers, errors = {}, {}
+    for backend in backends:
+        args = ["--backend", backend, "--device", device, "--batch", str(batch), "--features", str(features),
+                "--dtype", dtype, "--warmup", str(warmup), "--inner", str(inner), "--threads", str(threads)]
+        if keep_freed_memory:
+            args.append("--keep-freed-memory")
+        env = dict(os.environ, SJ_LIF_CUDA_IMPLEMENTATION=backend) if backend != "cpu" else None
+        try:
+            peers[backend] = start_script(python, "spikingjelly_lif.py", args, env=env)
+        except (PeerError, OSError) as e:
+            errors[backend] = str(e)
+    return peers, errors
+
+
+def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, features: int, inner: int,
+           copy_gbps: float, copy_fresh_gbps: float, keep_freed: bool, device) -> list[dict]:
+    """Time every impl and SpikingJelly peer at one T, interleaved; print and return one record per impl."""
+    import jax
+    import jax.numpy as jnp
+
+    x_np, ds_np = make_inputs(t, args.batch, features)
+    x, ds = jnp.asarray(x_np, dtype), jnp.asarray(ds_np, dtype)
+    del x_np, ds_np
+    sums = {}
+    for name in list(steps):
+        try:
+            sums[name] = summarize(*steps[name](x, ds))
+        except Exception as e:  # noqa: BLE001 (an impl that cannot compile here is reported and dropped)
+            print(f"  {name}: dropped, {type(e).__name__}: {str(e)[:300]!r}", flush=True)
+            del steps[name]
+    sj_sums, live = {}, {}
+    for backend, peer in peers.items():
+        try:
+            sj_sums[backend] = peer.request("setup", T=t)
+            live[f"sj:{backend}"] = peer
+        except PeerError as e:
+            sj_errors[backend] = f"T={t}: {e}"
+            print(f"  SpikingJelly {backend} T={t}: unavailable ({e})", flush=True)
+    times = time_impls(steps, x, ds, args.reps, args.warmup, inner, peers=live)
+    del x, ds
+    sj_t = {b: {"median_ms": statistics.median(times[f"sj:{b}"]), "min_ms": min(times[f"sj:{b}"]), **sj_sums[b]}
+            for b in sj_sums}
+    best_sj = min(sj_t.items(), key=lambda kv: kv[1]["median_ms"]) if sj_t else None
+    nbytes = min_bytes(t, args.batch, features, dtype.itemsize)
+    records = []
+    for name in steps:
+        ts_ms = times[name]
+        med = statistics.median(ts_ms)
+        gbps = nbytes / (med * 1e-3) / 1e9
+        rec = {
+            "bench": "neuron", "device_kind": device.device_kind, "platform": device.platform,
+            "impl": name, "neuron": "LIF", "T": t, "shape": [t, args.batch, features], "dtype": dtype.name,
+            "median_ms": med, "min_ms": min(ts_ms), "reps": len(ts_ms), "inner": inner, "min_bytes": nbytes,
+            "gb_per_s": gbps, "copy_gb_per_s": copy_gbps,
+            "copy_fresh_gb_per_s": copy_fresh_gbps, "roofline_fraction": gbps / copy_gbps,
+            "host_allocator": "keep_freed_memory" if keep_freed else "default", "threads": thread_info(),
+            **sums[name], "jax_version": jax.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        line = f"{t:>3} {name:<28} {med:>9.3f} {gbps:>8.1f} {gbps / copy_gbps:>9.2f}"
+        if args.compare_spikingjelly:
+            rec["spikingjelly"] = sj_t
+            rec["spikingjelly_errors"] = dict(sj_errors) or None
+            if best_sj is not None:
+                b, r = best_sj
+                ready = peers[b].ready
+                rec.update(spikingjelly_backend=b, spikingjelly_ms=r["median_ms"],
+                           speedup_vs_spikingjelly=r["median_ms"] / med, timing="interleaved",
+                           torch_version=ready["torch_version"], spikingjelly_version=ready["spikingjelly_version"],
+                           torch_threads=ready["torch_threads"], spikingjelly_implementation=ready["implementation"],
+                           spikingjelly_spikes_match=r["spikes"] == sums[name]["spikes"],
+                           spikingjelly_dx_norm_rel_diff=abs(r["dx_norm"] - sums[name]["dx_norm"])
+                           / max(r["dx_norm"], 1e-30))
+                line += f" {r['median_ms']:>11.3f} {b:>11} {r['median_ms'] / med:>7.2f}x"
+        print(line, flush=True)
+        records.append(rec)
+    return records
 
 
 def main(argv=None) -> list[dict]:
@@ -211,6 +262,8 @@ def main(argv=None) -> list[dict]:
                    help="SpikingJelly backends (default: cpu on a CPU; triton cuda torch on a GPU)")
     p.add_argument("--sj-python", default=sys.executable,
                    help="Python interpreter that has torch and spikingjelly (default: this one)")
+    p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
+                   help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
     p.add_argument("--default-allocator", action="store_true",
                    help="leave glibc's malloc thresholds alone (default: snnjax.hostmem.keep_freed_memory, as "
                         "train.py does, in this process and SpikingJelly's)")
@@ -243,64 +296,26 @@ def main(argv=None) -> list[dict]:
           f"{'keep_freed_memory' if keep_freed else 'default'}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
           f"{copy_fresh_gbps:.1f} GB/s into a new buffer; "
           f"roofline {BYTES_PASSES * dtype.itemsize} B per neuron-step", flush=True)
-    sj = {}
+    peers, sj_errors = {}, {}
     if args.compare_spikingjelly:
-        sj_device = "cuda" if platform == "gpu" else "cpu"
-        for backend in sj_backends:
-            sj[backend] = run_spikingjelly(args.sj_python, backend, sj_device, args.ts, args.batch, features,
-                                           args.dtype, args.reps, args.warmup, inner, keep_freed)
-            for t, rec in sj[backend].items():
-                if "error" in rec:
-                    print(f"  SpikingJelly {backend} T={t}: unavailable ({rec['error']})", flush=True)
-                    break
+        peers, sj_errors = start_spikingjelly(args.sj_python, sj_backends, "cuda" if platform == "gpu" else "cpu",
+                                              args.batch, features, args.dtype, args.warmup, inner, args.sj_threads,
+                                              keep_freed)
+        for backend, err in sj_errors.items():
+            print(f"  SpikingJelly {backend}: unavailable ({err})", flush=True)
 
     header = f"{'T':>3} {'impl':<28} {'ms':>9} {'GB/s':>8} {'roofline':>9}"
-    if sj:
+    if args.compare_spikingjelly:
         header += f" {'SJ best ms':>11} {'SJ backend':>11} {'speedup':>8}"
     print(header)
     records = []
-    for t in args.ts:
-        x_np, ds_np = make_inputs(t, args.batch, features)
-        x, ds = jnp.asarray(x_np, dtype), jnp.asarray(ds_np, dtype)
-        del x_np, ds_np
-        sums = {}
-        for name in list(steps):
-            try:
-                sums[name] = summarize(*steps[name](x, ds))
-            except Exception as e:  # noqa: BLE001 (an impl that cannot compile here is reported and dropped)
-                print(f"  {name}: dropped, {type(e).__name__}: {str(e)[:300]!r}", flush=True)
-                del steps[name]
-        times = time_impls(steps, x, ds, args.reps, args.warmup, inner)
-        nbytes = min_bytes(t, args.batch, features, dtype.itemsize)
-        sj_t = {b: r[t] for b, r in sj.items() if "error" not in r.get(t, {"error": 1})}
-        best_sj = min(sj_t.items(), key=lambda kv: kv[1]["median_ms"]) if sj_t else None
-        for name, ts_ms in times.items():
-            med = statistics.median(ts_ms)
-            gbps = nbytes / (med * 1e-3) / 1e9
-            rec = {
-                "bench": "neuron", "device_kind": device.device_kind, "platform": device.platform,
-                "impl": name, "neuron": "LIF", "T": t, "shape": [t, args.batch, features], "dtype": dtype.name,
-                "median_ms": med, "min_ms": min(ts_ms), "reps": len(ts_ms), "inner": inner, "min_bytes": nbytes,
-                "gb_per_s": gbps, "copy_gb_per_s": copy_gbps,
-                "copy_fresh_gb_per_s": copy_fresh_gbps, "roofline_fraction": gbps / copy_gbps,
-                "host_allocator": "keep_freed_memory" if keep_freed else "default",
-                **sums[name], "jax_version": jax.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-            line = f"{t:>3} {name:<28} {med:>9.3f} {gbps:>8.1f} {gbps / copy_gbps:>9.2f}"
-            if sj:
-                rec["spikingjelly"] = {b: {k: r[k] for k in ("median_ms", "min_ms", "spikes", "dx_norm")}
-                                       for b, r in sj_t.items()}
-                if best_sj is not None:
-                    b, r = best_sj
-                    rec.update(spikingjelly_backend=b, spikingjelly_ms=r["median_ms"],
-                               speedup_vs_spikingjelly=r["median_ms"] / med,
-                               spikingjelly_spikes_match=r["spikes"] == sums[name]["spikes"],
-                               spikingjelly_dx_norm_rel_diff=abs(r["dx_norm"] - sums[name]["dx_norm"])
-                               / max(r["dx_norm"], 1e-30))
-                    line += f" {r['median_ms']:>11.3f} {b:>11} {r['median_ms'] / med:>7.2f}x"
-            print(line, flush=True)
-            records.append(rec)
-        del x, ds
+    try:
+        for t in args.ts:
+            records += _run_t(t, args, steps, peers, sj_errors, dtype, features, inner, copy_gbps, copy_fresh_gbps,
+                              keep_freed, device)
+    finally:
+        for peer in peers.values():
+            peer.close()
     if args.out:
         with open(args.out, "a") as f:
             for rec in records:

@@ -1,57 +1,97 @@
-"""Times SpikingJelly's own model's training step for ``snnjax.bench.train_step``; needs torch and spikingjelly.
+"""SpikingJelly's side of the train-step comparisons (``snnjax.bench.train_step``, ``snnjax.bench.distributed``).
 
-    python snnjax/bench/spikingjelly_train_step.py --model cifar10dvs_vgg --T 4 --batch BATCH.npz
+    python snnjax/bench/spikingjelly_train_step.py --model cifar10dvs_vgg --T 4 --batch-size 8 [--width-div K]
+        [--image-size P] [--device cpu|cuda] [--backend torch|cupy] [--threads N] [--warmup W]
 
-Models (float32, torch CPU, ``--threads`` threads, multi-step mode, neuron backend ``torch``):
-``cifar10dvs_vgg``: ``spikingjelly.activation_based.examples.memopt.models.CIFAR10DVSVGG`` on
-``[N, T, 2, 48, 48]``; ``spikformer_ti``: ``model.spikformer.Spikformer`` (256 dims, depth 4, 8
-heads, 10 classes) on ``[N, 3, 32, 32]`` images it repeats T times; ``mlp``: Linear 64 -> 256, LIF,
-Linear 256 -> 10. The inputs are ``snnjax.bench.train_step.make_batch``'s (``--batch``: an ``.npz`` with
-``inputs [T, N, ...]`` and ``labels [N]``), transposed. One step:
-``reset_net``, forward, cross-entropy of the time-mean logits, ``zero_grad``, backward, Adam step.
-Prints one JSON line: median / min milliseconds, the first loss, the parameter count. Kept free of JAX
-and run as a script, not a module: importing the ``snnjax`` package would import JAX.
+A peer (``snnjax.bench.peer``): it builds the model, warms up, prints its ``ready`` line (versions, threads,
+backend, parameter count, first loss) and then runs one timed step per ``time`` request. Needs torch and
+spikingjelly, never JAX: it is run as a script and imports its siblings ``peer`` and ``workload`` directly.
+
+Models (float32, multi-step mode, the architecture of ``workload.architecture``): ``cifar10dvs_vgg``:
+``spikingjelly.activation_based.examples.memopt.models.CIFAR10DVSVGG`` at full size, else the same stack of
+its ``VGGBlock``s with the divided widths; ``spikformer_ti``: ``model.spikformer.Spikformer`` on
+``[N, 3, P, P]`` images it repeats T times; ``mlp``: Linear, LIF, Linear. Inputs are ``workload.make_batch``'s,
+transposed to SpikingJelly's layout. One step: ``reset_net``, forward, cross-entropy of the time-mean logits,
+``zero_grad``, backward, ``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with ``torch.cuda.synchronize``.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
+import importlib.metadata
 
 import numpy as np
 
+if __package__:  # imported as snnjax.bench.spikingjelly_train_step
+    from snnjax.bench import peer, workload
+else:  # run as a script: its folder is sys.path[0], and the snnjax package (which imports JAX) stays out
+    import peer
+    import workload
 
-def build(model: str, t: int):
-    """``(torch model, input converter from our [T, N, ...] numpy batch)``."""
+
+def _vgg(arch: dict):
+    """SpikingJelly's CIFAR10DVSVGG, or the same stack of its blocks for other widths / frame sizes."""
+    import torch
+    from spikingjelly.activation_based import functional, layer, surrogate
+    from spikingjelly.activation_based.examples.memopt.models import CIFAR10DVSVGG, VGGBlock
+
+    if arch["widths"] == workload.VGG_WIDTHS and arch["image_size"] == 48:
+        return CIFAR10DVSVGG()
+    kw = dict(tau=1.333, decay_input=False, detach_reset=True, surrogate_function=surrogate.ATan(), step_mode="m")
+    blocks, cin = [], arch["in_channels"]
+    for w, pool in zip(arch["widths"], arch["pools"], strict=True):
+        blocks.append(VGGBlock(cin, w, 3, 1, 1, pool, **kw))
+        cin = w
+    side = arch["image_size"] // 2 ** (sum(arch["pools"]) + 1)
+    features = torch.nn.Sequential(*blocks, layer.AvgPool2d(2))
+    classifier = torch.nn.Sequential(torch.nn.Dropout(0.25), torch.nn.Linear(cin * side * side, arch["num_classes"]))
+
+    class VGG(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features, self.classifier = features, classifier
+            functional.set_step_mode(self, "m")
+
+        def forward(self, x):  # [N, T, C, H, W], as CIFAR10DVSVGG takes it
+            x = self.features(x.transpose(0, 1).contiguous())
+            return self.classifier(torch.flatten(x, 2))
+
+    return VGG()
+
+
+def build(model: str, arch: dict):
+    """``(torch model, converter from our [T, N, ...] numpy batch to its input)``."""
     import torch
     from spikingjelly.activation_based import functional, layer, neuron, surrogate
 
     if model == "cifar10dvs_vgg":
-        from spikingjelly.activation_based.examples.memopt.models import CIFAR10DVSVGG
-
-        return CIFAR10DVSVGG(), lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 4, 2, 3)))
+        return _vgg(arch), lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 4, 2, 3)))
     if model == "spikformer_ti":
         from spikingjelly.activation_based.model import spikformer as sf
 
-        net = sf.Spikformer(T=t, in_channels=3, img_size_h=32, img_size_w=32, num_classes=10, embed_dims=256,
-                            num_heads=8, depths=4, mlp_ratio=4.0)
+        net = sf.Spikformer(T=arch["T"], in_channels=arch["in_channels"], img_size_h=arch["img_size"],
+                            img_size_w=arch["img_size"], num_classes=arch["num_classes"],
+                            embed_dims=arch["embed_dims"], num_heads=arch["num_heads"], depths=arch["depths"],
+                            mlp_ratio=arch["mlp_ratio"])
         return net, lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))
-    net = torch.nn.Sequential(layer.Linear(64, 256), neuron.LIFNode(tau=2.0, detach_reset=True,
-                                                                    surrogate_function=surrogate.Sigmoid()),
-                              layer.Linear(256, 10))
+    (hidden,) = arch["hidden"]
+    net = torch.nn.Sequential(layer.Linear(arch["in_features"], hidden),
+                              neuron.LIFNode(tau=2.0, detach_reset=True, surrogate_function=surrogate.Sigmoid()),
+                              layer.Linear(hidden, arch["num_classes"]))
     functional.set_step_mode(net, "m")
     return net, lambda x: torch.from_numpy(x)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch", required=True, help=".npz with inputs [T, N, ...] and labels [N]")
+    p.add_argument("--model", required=True, choices=workload.MODELS)
     p.add_argument("--T", type=int, default=4)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--width-div", type=int, default=1)
+    p.add_argument("--image-size", type=int)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default="torch", choices=["torch", "cupy"], help="the neurons' backend")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the ready line")
     args = p.parse_args(argv)
 
     import torch
@@ -59,15 +99,17 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    net, convert = build(args.model, args.T)
-    for m in net.modules():  # the default already; the only neuron backend on a CPU
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    arch = workload.architecture(args.model, args.T, args.width_div, args.image_size)
+    net, convert = build(args.model, arch)
+    for m in net.modules():
         if isinstance(m, neuron.BaseNode):
-            m.backend = "torch"
-    net.train()
+            m.backend = args.backend
+    net.to(dev).train()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    with np.load(args.batch) as data:
-        x_np, y_np = data["inputs"], data["labels"]
-    x, y = convert(x_np), torch.from_numpy(y_np).long()
+    x_np, y_np = workload.make_batch(args.model, args.batch_size, args.T, image_size=args.image_size)
+    x, y = convert(x_np).to(dev), torch.from_numpy(y_np).long().to(dev)
 
     def step() -> float:
         functional.reset_net(net)
@@ -76,19 +118,21 @@ def main(argv=None) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        return float(loss)
+        sync()
+        return loss.detach()
 
-    first_loss = step()
+    first_loss = float(step())
     for _ in range(max(args.warmup - 1, 0)):
         step()
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    print(json.dumps({"model": args.model, "median_ms": statistics.median(times), "min_ms": min(times),
-                      "loss": first_loss, "num_params": sum(p.numel() for p in net.parameters()),
-                      "torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+    ready = {"model": args.model, "architecture": {k: list(v) if isinstance(v, tuple) else v
+                                                    for k, v in arch.items()},
+             "batch_size": args.batch_size, "T": args.T, "loss": first_loss,
+             "num_params": sum(q.numel() for q in net.parameters()), "device": args.device,
+             "device_name": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+             "backend": args.backend, "optimizer": "adam", "torch_version": torch.__version__,
+             "spikingjelly_version": importlib.metadata.version("spikingjelly"),
+             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads()}
+    peer.serve({"time": lambda _: {"ms": peer.timed_ms(step)}}, ready)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ only their shard of the units.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
 from flax import nnx
 
 from snnjax import layers
+from snnjax.models import remat
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, Sigmoid
 from snnjax.neurons.surrogate import Surrogate
@@ -55,8 +57,12 @@ class SpikingMLP(nnx.Module):
         out = []
         for i in range(len(self.fcs)):
             owns = (f"fcs.{i}", f"neurons.{i}") + ((f"bns.{i}",) if self.bns is not None else ())
-            out.append(Unit(f"layers.{i}", owns, lambda x, i=i: self._layer(i, x)))
-        return out + [Unit("head", ("head",), lambda x: self.head(layers.flatten_features(x)))]
+            out.append(remat.unit(self, f"layers.{i}", owns, self, functools.partial(_layer, i)))
+        return out + [remat.unit(self, "head", ("head",), self.head, _head)]
+
+    def spike_inputs(self) -> list[tuple[nnx.Module, str]]:
+        """The layers that consume spikes (``snnjax.models.remat``): every linear layer after the first."""
+        return [(fc, "binary") for fc in list(self.fcs)[1:]] + ([(self.head, "binary")] if len(self.fcs) else [])
 
     def _layer(self, i: int, x: jax.Array) -> jax.Array:
         x = self.fcs[i](layers.flatten_features(x) if i == 0 else x)
@@ -64,3 +70,11 @@ class SpikingMLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return run_units(self.units(), x)
+
+
+def _layer(i: int, model: SpikingMLP, x: jax.Array) -> jax.Array:
+    return model._layer(i, x)
+
+
+def _head(head: nnx.Module, x: jax.Array) -> jax.Array:
+    return head(layers.flatten_features(x))

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax import layers
+from snnjax.layers.residuals import Codec, compressed_apply
+from snnjax.models import remat
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import LIFNode
 from snnjax.parallel.logical import alternate
@@ -91,13 +93,27 @@ class SpikingSelfAttention(nnx.Module):
         self.qkv = LinearBNLIF(dim, (3, *heads), tau, detach_reset, axes=("embed", "qkv", "heads", "head_dim"), **kw)
         self.attn_neuron = _lif(tau, detach_reset, v_threshold=0.5)
         self.proj = LinearBNLIF(heads, dim, tau, detach_reset, axes=("heads", "head_dim", "embed"), **kw)
+        self.input_codec: Codec | None = None  # how the products keep the spikes q, k, v (snnjax.models.remat)
 
     def __call__(self, x):
         qkv = self.qkv(x)  # [T, N, L, 3, heads, hd]
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]  # [T, N, L, heads, hd]
-        vk = jnp.einsum("...lhd,...lhe->...hde", v, k)
-        y = jnp.einsum("...hde,...lhe->...lhd", vk, q) * self.scale
-        return self.proj(self.attn_neuron(y))
+        c = self.input_codec
+        if c is None:
+            vk = _vk(v, k)
+            y = _vkq(vk, q)
+        else:  # vk holds counts up to L (too many for int8): kept as it is
+            vk = compressed_apply(_vk, (c, c), v, k)
+            y = compressed_apply(_vkq, (None, c), vk, q)
+        return self.proj(self.attn_neuron(y * self.scale))
+
+
+def _vk(v, k):
+    return jnp.einsum("...lhd,...lhe->...hde", v, k)
+
+
+def _vkq(vk, q):
+    return jnp.einsum("...hde,...lhe->...lhd", vk, q)
 
 
 class SpikformerMLP(nnx.Module):
@@ -153,9 +169,21 @@ class Spikformer(nnx.Module):
 
     def units(self) -> list[Unit]:
         """The stem (patch stages and positional encoding, to tokens ``[T, N, L, D]``), each block, the head."""
-        blocks = [Unit(f"blocks.{i}", (f"blocks.{i}",), block) for i, block in enumerate(self.blocks)]
-        return ([Unit("stem", ("stages", "positional_encoding"), self._stem)] + blocks
-                + [Unit("head", ("head",), lambda x: self.head(jnp.mean(x, axis=2)))])
+        blocks = [remat.unit(self, f"blocks.{i}", (f"blocks.{i}",), block, _call)
+                  for i, block in enumerate(self.blocks)]
+        return ([remat.unit(self, "stem", ("stages", "positional_encoding"), self, _stem)] + blocks
+                + [remat.unit(self, "head", ("head",), self.head, _head)])
+
+    def spike_inputs(self) -> list[tuple[nnx.Module, str]]:
+        """The layers that consume spikes (``snnjax.models.remat``): the stem's convs after the first, the
+        attention products, the projections after a neuron; q/k/v and fc1 take the residual stream, a
+        sum of spike tensors (small integers)."""
+        out = [(stage.conv, "binary") for stage in list(self.stages)[1:]]
+        out.append((self.positional_encoding.conv, "binary"))
+        for b in self.blocks:
+            out += [(b.attn.qkv.fc, "counts"), (b.attn, "binary"), (b.attn.proj.fc, "binary"),
+                    (b.mlp.fc1.fc, "counts"), (b.mlp.fc2.fc, "binary")]
+        return out
 
     def _stem(self, x: jax.Array) -> jax.Array:
         if x.ndim == 4:
@@ -170,6 +198,18 @@ class Spikformer(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return run_units(self.units(), x)
+
+
+def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
+    return module(x)
+
+
+def _stem(model: Spikformer, x: jax.Array) -> jax.Array:
+    return model._stem(x)
+
+
+def _head(head: nnx.Module, x: jax.Array) -> jax.Array:
+    return head(jnp.mean(x, axis=2))
 
 
 def spikformer_ti(**kwargs) -> Spikformer:

@@ -4,7 +4,7 @@ Every model defines ``units() -> list[Unit]``; its ``__call__`` is ``run_units(s
 A unit is bound to its model: ``unit(x)`` runs it on the activations the previous unit produced
 (the first unit takes the model's input ``[T, N, ...]``, the last returns the logits ``[T, N, K]``).
 ``owns`` lists the path prefixes of the parameters and state (BatchNorm statistics) the unit uses,
-so a pipeline stage can hold exactly its units' variables.
+so a pipeline stage can hold exactly its units' variables (``snnjax.parallel.variables.owner``).
 """
 from __future__ import annotations
 
@@ -32,12 +32,3 @@ def run_units(units: Sequence[Unit], x: jax.Array) -> jax.Array:
     for unit in units:
         x = unit(x)
     return x
-
-
-def owner(units: Sequence[Unit], path: str) -> int:
-    """The index of the unit that owns variable ``path``; ValueError if none or several do."""
-    hits = [i for i, u in enumerate(units) if any(path == p or path.startswith(p + ".") for p in u.owns)]
-    if len(hits) != 1:
-        raise ValueError(f"variable {path!r} is owned by {len(hits)} units ({[units[i].name for i in hits]}); "
-                         "each variable must belong to exactly one unit")
-    return hits[0]

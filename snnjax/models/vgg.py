@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 
 from snnjax import layers
+from snnjax.models import remat
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import ATan, LIFNode
 from snnjax.neurons.surrogate import Surrogate
@@ -81,12 +82,23 @@ class CIFAR10DVSVGG(nnx.Module):
 
     def units(self) -> list[Unit]:
         """The 8 blocks, then the head (``AvgPool2d(2) -> flatten -> Dropout -> Linear``)."""
-        blocks = [Unit(f"features.{i}", (f"features.{i}",), block) for i, block in enumerate(self.features)]
-        return blocks + [Unit("head", ("dropout", "classifier"), self._head)]
+        blocks = [remat.unit(self, f"features.{i}", (f"features.{i}",), block, _call)
+                  for i, block in enumerate(self.features)]
+        return blocks + [remat.unit(self, "head", ("dropout", "classifier"), self, _head)]
 
-    def _head(self, x: jax.Array) -> jax.Array:
-        return self.classifier(self.dropout(layers.flatten_features(layers.avg_pool2d(x, 2))))
+    def spike_inputs(self) -> list[tuple[nnx.Module, str]]:
+        """The layers that consume spikes (``snnjax.models.remat``): every conv after the first (its input
+        average-pooled in pooling blocks, so multiples of 1/4)."""
+        return [(b.conv, "quarters" if b.pool else "binary") for b in list(self.features)[1:]]
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [T, N, H, W, C_in]`` -> logits ``[T, N, num_classes]``."""
         return run_units(self.units(), x)
+
+
+def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
+    return module(x)
+
+
+def _head(model: CIFAR10DVSVGG, x: jax.Array) -> jax.Array:
+    return model.classifier(model.dropout(layers.flatten_features(layers.avg_pool2d(x, 2))))

@@ -28,6 +28,9 @@ gave wrong results inside a ``shard_map`` that leaves some axes automatic, on ja
 - inside a ``shard_map`` that leaves mesh axes of more than one device automatic (a pipeline
   stage over ``stage`` with data / tensor inside): there the kernel would be gathered.
 
+Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
+``snnjax.neurons.temporal``: a pipeline over blocks of neurons with the ``xla`` path per block.
+
 Measured (``python -m snnjax.bench.neuron``, records in ``benchmarks/results/``): on an H100 the
 Pallas kernels matched the ``xla`` path bit for bit over every variant and ran LIF forward +
 backward 3.1-3.3x faster; on the 2-core CPU the native kernels ran 5.1-7.4x faster than
@@ -49,7 +52,7 @@ from snnjax import pallas
 from snnjax.native import build as native_build
 from snnjax.native import neuron as native
 from snnjax.neurons import base as B
-from snnjax.neurons import sharded, xla
+from snnjax.neurons import sharded, temporal, xla
 from snnjax.pallas import api as pallas_api
 
 
@@ -135,6 +138,8 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     (a scalar; None for IF / LIF). ``impl``: see the module docstring.
     """
     B.check_decay_param(cfg, w)
+    if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron (the xla path per block)
+        return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
     mesh = jax.sharding.get_abstract_mesh()
     if chosen.kernel is not None and mesh_is_partitioned() and not mesh.manual_axes:

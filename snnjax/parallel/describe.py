@@ -6,6 +6,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from snnjax.parallel.temporal import describe as describe_temporal
 from snnjax.parallel.variables import path_str
 
 
@@ -33,6 +34,10 @@ def format_plan(plan: Any) -> str:
     lines.append(f"  per device: parameters {t['param_bytes_per_device']:,} B (of {t['param_bytes']:,}), "
                  f"gradients {t['grad_bytes_per_device']:,} B, optimizer ({plan.opt_slots} slots) "
                  f"{t['optimizer_bytes_per_device']:,} B (replicated: {t['optimizer_bytes_replicated']:,})")
+    if getattr(plan, "temporal", None):
+        lines.append(describe_temporal(plan.temporal))
+    if getattr(plan, "pipeline_summary", None):
+        lines += _pipeline_lines(plan.pipeline_summary)
     for c in plan.expected_collectives:
         size = f"{c['bytes']:,} B" if c.get("bytes") is not None else "activation-sized"
         lines.append(f"  expect {c['kind']} over {'x'.join(c['over'])}: {c['what']} ({size})")
@@ -49,3 +54,16 @@ def describe_shardings(tree, *, title: str | None = None) -> str:
         rows.append(f"  {path_str(path):<40} {str(tuple(x.shape)):<18} {str(x.dtype):<8} "
                     f"{spec_str(spec) if spec is not None else type(getattr(x, 'sharding', None)).__name__}")
     return "\n".join(rows)
+
+
+def _pipeline_lines(p: dict[str, Any]) -> list[str]:
+    """The pipeline part of a plan: schedule, bubble, stage inputs held, each stage's units and the tick table."""
+    lines = [f"  pipeline: {p['schedule']} over stage={p['stages']}"
+             + (f" x {p['virtual_stages']} virtual" if p["virtual_stages"] > 1 else "")
+             + f", {p['microbatches']} microbatches, {p['ticks']} ticks, bubble {p['bubble_fraction']:.1%}, "
+             f"at most {p['stage_inputs_held']} stage inputs held per device (peak in flight per device: "
+             f"{p['peak_in_flight']})"]
+    for g, units in enumerate(p.get("units", [])):
+        lines.append(f"    stage {g} (device {g % p['stages']}): {', '.join(units)}")
+    lines += ["    " + row for row in p["text"].splitlines()]
+    return lines

@@ -25,6 +25,7 @@ class StepLayout:
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     params: Any = None
     grads: Any = None
+    pipeline: Any = None  # a snnjax.parallel.pipeline.PipelineSpec: gradients through the pipeline over ``stage``
 
     @contextlib.contextmanager
     def context(self):

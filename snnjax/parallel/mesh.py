@@ -1,4 +1,7 @@
-"""The device mesh: named axes ``data``, ``fsdp``, ``tensor``, ``stage`` (size 1 where unused)."""
+"""The device mesh: named axes ``data``, ``fsdp``, ``tensor``, ``stage``, ``time`` (size 1 where unused).
+
+``time`` splits the time steps of the activations (temporal parallelism, ``snnjax.neurons.temporal``).
+"""
 from __future__ import annotations
 
 import math
@@ -7,7 +10,7 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-AXES = ("data", "fsdp", "tensor", "stage")
+AXES = ("data", "fsdp", "tensor", "stage", "time")
 BATCH_AXES = ("data", "fsdp")  # the global batch is split over both
 
 
@@ -49,7 +52,7 @@ def mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(spec: str = "data=-1", devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``Mesh`` over ``devices`` (default: all) with the four named axes, auto-sharded."""
+    """A ``Mesh`` over ``devices`` (default: all) with the named axes ``AXES``, auto-sharded."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(spec, len(devices))
     return jax.make_mesh(tuple(shape.values()), AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)

@@ -28,11 +28,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from snnjax.parallel import auto as auto_lib
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel import pipeline_plan
 from snnjax.parallel import rules as rules_lib
+from snnjax.parallel import temporal as temporal_lib
 from snnjax.parallel.analyze import tp_role
 from snnjax.parallel.describe import format_plan, spec_str
 from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import logical_axes
+from snnjax.parallel.pipeline import PipelineSpec
+from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.parallel.variables import flat_vars, is_var, path_str, split_state, value
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -77,6 +81,10 @@ class Plan:
     min_shard_size: int
     reasons: list[str]
     expected_collectives: list[dict[str, Any]]
+    time_steps: int | None = None  # T, where given: checked to divide over the time axis
+    time_blocks: int = 0  # neuron blocks of the temporal pipeline (0: automatic)
+    pipeline: PipelineSpec | None = None  # mode "pp": the pipeline over ``stage`` (snnjax.parallel.pipeline)
+    pipeline_summary: dict[str, Any] | None = None  # its schedule, bubble, stage inputs held (pipeline_plan.summary)
 
     @property
     def rules(self) -> Mapping[str, Any]:
@@ -85,6 +93,11 @@ class Plan:
     @property
     def zero_stage(self) -> int:
         return self.strategy.zero_stage
+
+    @property
+    def temporal(self) -> dict[str, Any] | None:
+        """The time split (``snnjax.parallel.temporal.summary``), None without one."""
+        return temporal_lib.summary(self.axis_sizes.get("time", 1), self.time_steps, self.time_blocks)
 
     def layout_of(self, path: str) -> rules_lib.ArrayLayout:
         for p in self.params:
@@ -105,7 +118,7 @@ class Plan:
         return {"mode": self.mode, "strategy": self.strategy.description, "zero_stage": self.zero_stage,
                 "sequence_parallel": self.strategy.sequence_parallel, "rules": {k: v for k, v in self.rules.items()},
                 "objective": self.objective, "mesh": dict(self.axis_sizes), "reasons": list(self.reasons),
-                "totals": self.totals(), "expected_collectives": self.expected_collectives,
+                "totals": self.totals(), "expected_collectives": self.expected_collectives, "temporal": self.temporal,
                 "params": [p.as_dict() for p in self.params]}
 
     def __str__(self) -> str:
@@ -173,8 +186,13 @@ class Plan:
 
     def step_layout(self, params) -> StepLayout:
         """The ``StepLayout`` the train / eval steps take for this plan (``params`` gives the tree's shape)."""
-        return StepLayout(mesh=self._require_mesh(), rules=self.rules,
-                          params=self.param_shardings(params, "compute"), grads=self.param_shardings(params, "grad"))
+        kw = dict(mesh=self._require_mesh(), rules=self.rules, params=self.param_shardings(params, "compute"),
+                  grads=self.param_shardings(params, "grad"))
+        if self.pipeline is not None:
+            kw["pipeline"] = self.pipeline
+        if self.axis_sizes.get("time", 1) > 1:
+            return temporal_lib.StepLayout(**kw, time_blocks=self.time_blocks)
+        return StepLayout(**kw)
 
 
 def _axis_sizes(mesh_or_count, mode: str | None) -> tuple[dict[str, int], Mesh | None]:
@@ -232,8 +250,14 @@ def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: li
                     "what": f"outputs of the {rows} row-parallel layers (forward)", "bytes": None})
         out.append({"kind": "all-reduce", "over": ("tensor",), "count": cols,
                     "what": f"input gradients of the {cols} column-parallel layers (backward)", "bytes": None})
-    if d * f > 1 and n_bn:
-        out.append({"kind": "all-reduce", "over": ("data", "fsdp"), "count": n_bn,
+    if sizes.get("time", 1) > 1:
+        out.append({"kind": "all-reduce", "over": ("time",), "what": "gradients (each time shard sees its steps)",
+                    "bytes": local})
+        out.append({"kind": "collective-permute", "over": ("time",), "what": "membrane potentials to the next time "
+                    "shard (forward) and their gradients back (backward), one neuron block per tick", "bytes": None})
+    if d * f * sizes.get("time", 1) > 1 and n_bn:
+        over = tuple(a for a in ("data", "fsdp", "time") if sizes.get(a, 1) > 1)
+        out.append({"kind": "all-reduce", "over": over, "count": n_bn,
                     "what": f"batch statistics of the {n_bn} BatchNorm layers (synchronised, as on one device)",
                     "bytes": None})
     return out
@@ -242,7 +266,9 @@ def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: li
 def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: str = "speed",
          mode: str | None = None, zero_stage: int | None = None, sequence_parallel: bool = False,
          global_batch_size: int | None = None, opt_slots: int = 2, min_shard_size: int = 0,
-         memory_budget_bytes: int | None = None) -> Plan:
+         memory_budget_bytes: int | None = None, time_steps: int | None = None, time_blocks: int = 0,
+         pipeline: PipelineOptions | None = None, input_shape: tuple[int, ...] | None = None,
+         compute_dtype=None) -> Plan:
     """A layout for ``model_or_state`` (an ``nnx.Module``, a ``TrainState`` or a parameter ``State``).
 
     ``mesh_or_device_count``: a ``Mesh`` (its axes are used as given), a mesh spec (``"fsdp=4,tensor=2"``)
@@ -252,6 +278,12 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     ``sequence_parallel`` also splits row-parallel layers' outputs over ``tensor`` (tensor-parallel modes).
     ``opt_slots``: optimizer arrays per parameter (Adam 2, SGD with momentum 1) for the byte estimates.
     ``min_shard_size``: parameters with fewer elements stay unsharded by FSDP / ZeRO.
+    ``time_steps`` / ``time_blocks``: with a mesh axis ``time`` > 1 (temporal parallelism, any mode), T is
+    checked to divide over it and the neurons are pipelined over ``time_blocks`` blocks (0: automatic).
+    ``mode="pp"``: a pipeline over the mesh's ``stage`` axis (``pipeline``: schedule, virtual stages,
+    microbatches, layout; ``snnjax.parallel.pipeline_plan``), each stage using the other axes as the
+    mode they imply would (``hybrid`` rules for data x fsdp x tensor). Needs the model (its units);
+    ``input_shape`` (the batch ``[T, N, ...]``) and ``compute_dtype`` let the split balance compiled cost.
     Raises ``ValueError`` saying what to change for layouts that cannot work.
     """
     if objective not in auto_lib.OBJECTIVES:
@@ -287,8 +319,25 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     if auto and sequence_parallel and not rules_lib.STRATEGIES[mode].tensor:
         reasons.append(f"sequence_parallel ignored: {mode!r} uses no tensor parallelism")
         sequence_parallel = False
-    strategy = rules_lib.get_strategy(mode, zero_stage, sequence_parallel)
-    rules_lib.check_mesh(strategy, sizes)
+    pp = mode == "pp"
+    if pp:
+        if sizes["stage"] < 2:
+            raise ValueError(f"mode 'pp' pipelines over the mesh axis stage, which is {sizes['stage']} in mesh "
+                             f"{dict(sizes)}; give it size > 1 (e.g. --config.parallel.mesh=stage=2,data=-1)")
+        if not isinstance(model_or_state, nnx.Module):
+            raise ValueError("mode 'pp' splits the model's units (model.units()) into stages: plan the nnx.Module, "
+                             "not its state")
+        if sequence_parallel:
+            raise ValueError("sequence_parallel is not available with mode 'pp': its halo exchanges are "
+                             "collective-permutes inside the pipeline's per-stage branches, which XLA:CPU runs as a "
+                             "rendezvous of every device (a deadlock); set sequence_parallel=False")
+        inner = auto_lib.infer_mode({**sizes, "stage": 1})
+        strategy = rules_lib.get_strategy(inner, zero_stage, sequence_parallel)
+        rules_lib.check_mesh(strategy, {**sizes, "stage": 1})
+    else:
+        strategy = rules_lib.get_strategy(mode, zero_stage, sequence_parallel)
+        rules_lib.check_mesh(strategy, sizes)
+    temporal_lib.check(sizes.get("time", 1), time_steps, time_blocks)
     if global_batch_size is not None:
         shards = sizes["data"] * sizes["fsdp"]
         if global_batch_size % shards:
@@ -306,7 +355,16 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
                  if path.endswith("kernel") and tp_role(names)]
     n_bn = sum(1 for path, var in flat_vars(model_state) if isinstance(var, nnx.BatchStat) and path.endswith("mean"))
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
+    spec, summary = None, None
+    if pp:
+        spec, why = pipeline_plan.make_spec(model_or_state, sizes["stage"], pipeline or PipelineOptions(),
+                                            global_batch_size=global_batch_size,
+                                            batch_shards=sizes["data"] * sizes["fsdp"], input_shape=input_shape,
+                                            dtype=compute_dtype or np.float32)
+        reasons += why
+        summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,
-                opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected)
+                opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected,
+                time_steps=time_steps, time_blocks=time_blocks, pipeline=spec, pipeline_summary=summary)
 
 

@@ -3,7 +3,7 @@
 A strategy is data, not a code path. Each has
 
 * a rule table mapping logical names (``snnjax.parallel.logical``) to mesh axes:
-  the batch always goes to ``(data, fsdp)``; tensor-parallel strategies add
+  the batch always goes to ``(data, fsdp)``, time to ``time``; tensor-parallel strategies add
   ``mlp`` and ``heads`` -> ``tensor``;
 * ``fsdp``: parameters (and so gradients and optimizer state) also sharded over
   ``fsdp`` on their largest divisible dimension (ZeRO-3);
@@ -25,7 +25,10 @@ from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec
 
-BATCH_RULES: dict[str, tuple[str, ...]] = {"batch": ("data", "fsdp")}
+# Temporal parallelism: the time steps of activations over the ``time`` axis, in every strategy (a no-op
+# while it is 1); the neurons then run as a pipeline (``snnjax.neurons.temporal``).
+TIME_RULES: dict[str, str] = {"time": "time"}
+BATCH_RULES: dict[str, str | tuple[str, ...]] = {"batch": ("data", "fsdp"), **TIME_RULES}
 TP_RULES: dict[str, str] = {"mlp": "tensor", "heads": "tensor"}
 # Sequence parallelism (opt-in on top of TP): the outputs of row-parallel convolutions are split over
 # ``tensor`` along their height, so their BatchNorm and neurons hold 1/tensor of the activations
@@ -105,8 +108,8 @@ def get_strategy(mode: str, zero_stage: int | None = None, sequence_parallel: bo
 def check_mesh(strategy: Strategy, axis_sizes: Mapping[str, int]) -> None:
     """Raise ``ValueError`` saying what to change when the mesh does not fit the strategy."""
     if axis_sizes.get("stage", 1) > 1:
-        raise ValueError(f"the mesh has stage={axis_sizes['stage']}, but pipeline parallelism is not part of these "
-                         "strategies yet; set stage=1 (e.g. --config.parallel.mesh=data=-1)")
+        raise ValueError(f"the mesh has stage={axis_sizes['stage']}, which only the pipeline mode uses; set "
+                         f"--config.parallel.mode=pp, or stage=1 (e.g. --config.parallel.mesh=data=-1)")
     for axis in strategy.requires:
         if axis_sizes.get(axis, 1) < 2:
             raise ValueError(f"mode {strategy.name!r} needs the mesh axis {axis!r} > 1, but it is "

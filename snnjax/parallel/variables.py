@@ -1,6 +1,7 @@
 """NNX variable trees as ``(path, variable)`` pairs: what analysis, planning and printing walk over."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -47,3 +48,15 @@ def flat_vars(tree) -> list[tuple[str, Any]]:
         return []
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_var)[0]
     return [(path_str(p), v) for p, v in leaves]
+
+
+def owner(groups: Sequence[Sequence[str]], path: str) -> int:
+    """The index of the group of path prefixes that owns ``path`` (e.g. a model unit's ``owns``).
+
+    ValueError unless exactly one group does: every variable must belong to one unit.
+    """
+    hits = [i for i, prefixes in enumerate(groups) if any(path == p or path.startswith(p + ".") for p in prefixes)]
+    if len(hits) != 1:
+        raise ValueError(f"variable {path!r} is owned by {len(hits)} units ({hits}); each variable must belong to "
+                         "exactly one unit (see the model's units())")
+    return hits[0]

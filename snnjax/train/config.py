@@ -13,8 +13,11 @@ import ml_collections
 
 from snnjax.data import ENCODERS, SOURCE_NAMES
 from snnjax.data.registry import OPTION_TYPES, dataset
+from snnjax.models import remat
 from snnjax.models.registry import MODELS, check_model_kwargs
 from snnjax.parallel.auto import OBJECTIVES
+from snnjax.parallel.mesh import parse_mesh_spec
+from snnjax.parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from snnjax.parallel.rules import MODES as _STRATEGY_MODES
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -23,7 +26,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 NONFINITE = ("stop", "skip")  # what a step with a NaN/inf loss or gradient does (snnjax/train/loop.py)
 # none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
-PARALLEL_MODES = (*_STRATEGY_MODES, "auto")
+PARALLEL_MODES = (*_STRATEGY_MODES, "pp", "auto")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -72,11 +75,24 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.parallel = ml_collections.ConfigDict()
     c.parallel.mode = "dp"
-    c.parallel.mesh = "data=-1"  # axis=size pairs over data/fsdp/tensor/stage; one size may be -1 (ignored by auto)
+    c.parallel.mesh = "data=-1"  # axis=size pairs over data/fsdp/tensor/stage/time; one may be -1 (ignored by auto)
+    # Temporal parallelism (mesh axis time > 1, e.g. mesh=time=4,data=2): neuron blocks of the pipeline, 0 = automatic
+    c.parallel.time_blocks = 0
     c.parallel.zero_stage = -1  # ZeRO stage over data: -1 the mode's own (zero1: 1, zero2: 2, else 0), or 0/1/2
     c.parallel.sequence_parallel = False  # TP modes: also split row-parallel outputs over tensor (less memory)
     c.parallel.objective = "speed"  # what mode=auto optimises: speed or memory
     c.parallel.min_shard_size = 0  # parameters with fewer elements stay unsharded by FSDP / ZeRO
+    # Activation checkpointing per model unit (snnjax/models/remat.py): none, units, dots_saveable or spikes for
+    # every unit, or per unit as "stem=units,blocks.0=spikes" (the others none); and how layers after a neuron
+    # keep their spike inputs for the backward: float, int8 or bits
+    c.parallel.remat = "none"
+    c.parallel.spike_residuals = "float"
+    # mode=pp: a pipeline over the mesh axis stage (e.g. mesh=stage=2,data=-1); each stage uses the other axes
+    c.parallel.pp = ml_collections.ConfigDict()
+    c.parallel.pp.schedule = "1f1b"  # gpipe, 1f1b, interleaved, zero_bubble
+    c.parallel.pp.virtual_stages = 1  # > 1: the interleaved schedule's stages per device
+    c.parallel.pp.microbatches = 0  # 0: chosen from the batch (snnjax/parallel/pipeline_plan.py)
+    c.parallel.pp.layout = ""  # units per (virtual) stage, e.g. "2|3|3|2"; "": balanced by compiled cost
     c.parallel.print_summary = False  # print per-device memory and collectives of the compiled step
     return c
 
@@ -108,6 +124,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("parallel.objective", c.parallel.objective, OBJECTIVES)
     _choice("parallel.zero_stage", c.parallel.zero_stage, (-1, 0, 1, 2))
     _positive("parallel.min_shard_size", c.parallel.min_shard_size, zero_ok=True)
+    _check_time_axis(c)
+    _check_pipeline(c)
+    remat_settings(c)
     check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
     unknown = sorted(set(c.data.options.keys()) - set(OPTION_TYPES))
     if unknown:
@@ -123,6 +142,57 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.global_batch_size % c.grad_accum_steps:
         raise ValueError(f"config.global_batch_size={c.global_batch_size} must divide by "
                          f"config.grad_accum_steps={c.grad_accum_steps}")
+
+
+def _check_time_axis(c: ml_collections.ConfigDict) -> None:
+    """``parallel.time_blocks`` >= 0, and T divides over the mesh's ``time`` axis (temporal parallelism)."""
+    if not isinstance(c.parallel.time_blocks, int) or c.parallel.time_blocks < 0:
+        raise ValueError(f"config.parallel.time_blocks must be an integer >= 0 (0: automatic), "
+                         f"got {c.parallel.time_blocks!r}")
+    time = parse_mesh_spec(c.parallel.mesh).get("time", 1)
+    if time == 1 or time == -1:
+        return
+    if c.parallel.mode == "auto":
+        raise ValueError(f"config.parallel.mesh={c.parallel.mesh!r} splits time, but mode 'auto' plans its own mesh "
+                         "and does not choose temporal parallelism; give a mode (e.g. dp, hybrid)")
+    if c.data.time_steps % time:
+        raise ValueError(f"config.data.time_steps={c.data.time_steps} does not divide over the mesh axis time={time} "
+                         f"(config.parallel.mesh={c.parallel.mesh!r}); use a multiple of {time}")
+
+
+def remat_settings(c: ml_collections.ConfigDict) -> remat.MemorySettings:
+    """``parallel.remat`` / ``parallel.spike_residuals`` as ``MemorySettings`` (unit names are checked on the model)."""
+    text = str(c.parallel.remat).strip()
+    try:
+        if "=" in text:
+            per_unit = dict(part.strip().split("=", 1) for part in text.split(",") if part.strip())
+            return remat.settings({k.strip(): v.strip() for k, v in per_unit.items()}, c.parallel.spike_residuals)
+        return remat.settings(text, c.parallel.spike_residuals)
+    except ValueError as e:
+        raise ValueError(f"config.parallel.remat={c.parallel.remat!r} / config.parallel.spike_residuals="
+                         f"{c.parallel.spike_residuals!r}: {e} (per unit: 'UNIT=POLICY,...')") from None
+
+
+def _check_pipeline(c: ml_collections.ConfigDict) -> None:
+    """``parallel.pp.*`` values, and the mesh / accumulation they need."""
+    pp = c.parallel.pp
+    unknown = sorted(set(pp.keys()) - set(base_config().parallel.pp.keys()))
+    if unknown:
+        raise ValueError(f"config.parallel.pp has no key(s) {unknown}; allowed: {sorted(base_config().parallel.pp)}")
+    _choice("parallel.pp.schedule", pp.schedule, PIPELINE_SCHEDULES)
+    _positive("parallel.pp.virtual_stages", pp.virtual_stages)
+    _positive("parallel.pp.microbatches", pp.microbatches, zero_ok=True)
+    stage = parse_mesh_spec(c.parallel.mesh).get("stage", 1)
+    if c.parallel.mode == "pp":
+        if stage == 1:
+            raise ValueError(f"config.parallel.mode='pp' needs the mesh axis stage > 1, but config.parallel.mesh="
+                             f"{c.parallel.mesh!r}; e.g. --config.parallel.mesh=stage=2,data=-1")
+        if c.grad_accum_steps != 1:
+            raise ValueError("config.parallel.mode='pp' splits the batch into microbatches itself; set "
+                             "config.grad_accum_steps=1 and config.parallel.pp.microbatches instead")
+    elif stage not in (1, -1) and c.parallel.mode != "auto":
+        raise ValueError(f"config.parallel.mesh={c.parallel.mesh!r} has stage={stage}, which only mode 'pp' uses; set "
+                         "--config.parallel.mode=pp or drop stage from the mesh")
 
 
 def source_kwargs(c: ml_collections.ConfigDict) -> tuple[dict[str, Any], list[str]]:

@@ -39,10 +39,11 @@ from tqdm import tqdm
 
 from snnjax import parallel
 from snnjax.data import Loader, get_source
-from snnjax.models import create_model
+from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
+from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import config as config_lib
 from snnjax.train import faults
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
@@ -73,6 +74,15 @@ def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
     return {**sizes, **kwargs}
 
 
+def _pipeline_args(c: ml_collections.ConfigDict, source, dtype) -> dict[str, Any]:
+    """``plan``'s pipeline keywords for mode ``pp``: the options, and the batch shape the stage split is costed on."""
+    if c.parallel.mode != "pp":
+        return {}
+    data = DataShape.of(source, c.data.time_steps)
+    return {"pipeline": PipelineOptions(**c.parallel.pp), "compute_dtype": dtype,
+            "input_shape": (data.time_steps, c.global_batch_size, *data.frame_shape)}
+
+
 def make_mesh(c: ml_collections.ConfigDict):
     """The config's mesh (one device for ``none``; None for ``auto``, whose plan picks it), checked against the mode."""
     if c.parallel.mode == "auto":
@@ -80,6 +90,8 @@ def make_mesh(c: ml_collections.ConfigDict):
     if c.parallel.mode == "none":
         return mesh_lib.make_mesh("data=1", jax.devices()[:1])
     mesh = mesh_lib.make_mesh(c.parallel.mesh)
+    if c.parallel.mode == "pp":  # the plan checks the stage axis and the mode the other axes imply
+        return mesh
     strategy = rules_lib.get_strategy(c.parallel.mode, _zero_stage(c), c.parallel.sequence_parallel)
     rules_lib.check_mesh(strategy, dict(mesh.shape))
     return mesh
@@ -127,6 +139,7 @@ class Trainer:
         self.model_kwargs = model_kwargs(c, train_src)
         model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
                              dtype=dtype, param_dtype=param_dtype)
+        remat.configure(model, config_lib.remat_settings(c))
         graphdef, params, rngs, rest = split_model(model)
         self.tx, self.schedule = make_optimizer(c, self.total_steps)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
@@ -136,7 +149,9 @@ class Trainer:
                                   mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
                                   sequence_parallel=c.parallel.sequence_parallel,
                                   global_batch_size=c.global_batch_size // c.grad_accum_steps,
-                                  opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size)
+                                  opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
+                                  time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks,
+                                  **_pipeline_args(c, train_src, dtype))
         self.mesh = self.plan.mesh
 
         step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,

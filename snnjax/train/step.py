@@ -35,6 +35,7 @@ from flax import nnx, struct
 from snnjax.data.encoders import encode
 from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import constrain
+from snnjax.parallel.pipeline import pipeline_gradients
 
 
 @struct.dataclass
@@ -129,7 +130,11 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     k = cfg.grad_accum_steps
-    if k == 1:
+    if layout.pipeline is not None:
+        k = layout.pipeline.microbatches
+        grads, model_state, loss_sum, acc_sum = _pipeline_gradients(cfg, graphdef, state, x, batch["labels"], k,
+                                                                    drop_key, layout, acc_dtype)
+    elif k == 1:
         x = constrain(x, ("time", "batch") + (None,) * (x.ndim - 2))
         y = constrain(batch["labels"], ("batch",))
         (loss_sum, (acc_sum, model_state)), grads = grad_fn(state.params, state.model_state, x, y,
@@ -164,6 +169,24 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
     if cfg.return_grads:
         metrics["grads"] = grads
     return new_state, metrics
+
+
+def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, acc_dtype):
+    """Summed gradients of the ``k`` microbatches through ``layout.pipeline`` (``snnjax.parallel.pipeline``)."""
+    xs, ys = _microbatches(x, labels, k)
+    xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))
+    ys = constrain(ys, (None, "batch"))
+
+    def loss_fn(logits, y):
+        loss = classification_loss(logits, y, cfg.loss, cfg.tet_lambda).mean()
+        return loss, jnp.mean(jnp.argmax(logits.mean(0), -1) == y)
+
+    params = layout.constrain_params(state.params)
+    grads, model_state, loss_sum, acc_sum = pipeline_gradients(
+        layout.pipeline, layout.mesh, graphdef, params, state.rngs, state.model_state, xs, ys, drop_key,
+        loss_fn=loss_fn, acc_dtype=acc_dtype)
+    grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
+    return grads, model_state, loss_sum, acc_sum
 
 
 def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],

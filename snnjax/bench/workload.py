@@ -1,0 +1,65 @@
+"""The benchmarks' workloads: model architectures and synthetic inputs, shared by both sides of a comparison.
+
+NumPy only (no JAX, no torch): SpikingJelly's side runs this file from its own interpreter (as a script's
+sibling module), so both frameworks build the same architecture and see bit-identical inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp")
+VGG_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)  # SpikingJelly's CIFAR10DVSVGG
+VGG_POOLS = (False, False, True, False, True, False, True, False)  # an AvgPool2d(2) before these blocks
+
+
+def input_shape(model: str, image_size: int | None = None) -> tuple[int, ...]:
+    """Per-example, per-time-step input shape (channels-last); ``image_size`` replaces the frames' side."""
+    shape = {"cifar10dvs_vgg": (48, 48, 2), "spikformer_ti": (32, 32, 3), "mlp": (64,)}[model]
+    return shape if image_size is None or model == "mlp" else (image_size, image_size, shape[-1])
+
+
+def architecture(model: str, t: int, width_div: int = 1, image_size: int | None = None) -> dict:
+    """The model's constructor arguments (snnjax's names) with every hidden width divided by ``width_div``.
+
+    ``width_div`` 1 is the full model: SpikingJelly's CIFAR10DVSVGG; Spikformer-Ti (256 dims, depth 4,
+    8 heads, MLP ratio 4) on 32 x 32 x 3 images; the spiking MLP 64 -> 256 -> 10.
+    """
+    if width_div < 1:
+        raise ValueError(f"width_div must be at least 1, got {width_div}")
+    if model == "cifar10dvs_vgg":
+        widths = tuple(max(w // width_div, 1) for w in VGG_WIDTHS)
+        return {"widths": widths, "pools": VGG_POOLS, "in_channels": 2, "image_size": image_size or 48,
+                "num_classes": 10}
+    if model == "spikformer_ti":
+        dims = 256 // width_div
+        if dims < 8 or dims % 8:
+            raise ValueError(f"width_div={width_div} leaves spikformer_ti {dims} dims; it needs a multiple of 8")
+        return {"embed_dims": dims, "num_heads": 8, "depths": 4, "mlp_ratio": 4.0, "img_size": image_size or 32,
+                "in_channels": 3, "num_classes": 10, "T": t}
+    if model == "mlp":
+        return {"in_features": 64, "hidden": (max(256 // width_div, 1),), "num_classes": 10}
+    raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+
+
+def make_batch(model: str, batch: int, t: int, seed: int = 0,
+               image_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(inputs [T, N, ...] float32, labels [N] int32)``: event counts for the VGG, N(0, 1) images otherwise."""
+    rng = np.random.default_rng(seed)
+    shape = (t, batch, *input_shape(model, image_size))
+    if model == "cifar10dvs_vgg":
+        x = (rng.random(shape) < 0.3) * rng.integers(1, 4, shape)
+    elif model == "spikformer_ti":
+        x = np.broadcast_to(rng.standard_normal((1, *shape[1:])), shape)
+    else:
+        x = rng.random(shape) * 2.0
+    return np.ascontiguousarray(x, np.float32), rng.integers(0, 10, batch).astype(np.int32)
+
+
+def lif_inputs(t: int, batch: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, ds)`` float32 ``[t, batch, features]`` of the neuron benchmark: x = 0.5 + N(0,1), ds = N(0,1), seeded
+    by t."""
+    rng = np.random.default_rng(1000 + t)
+    shape = (t, batch, features)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x += 0.5
+    return x, rng.standard_normal(shape, dtype=np.float32)

@@ -1,0 +1,352 @@
+"""The time-sharded multi-step neuron: T split over the mesh axis ``time``, pipelined over blocks of neurons.
+
+Under a layout whose mesh has a ``time`` axis of P > 1 devices, device k holds the time steps
+``[k T/P, (k+1) T/P)`` of every activation. Everything but the neuron recurrence acts on each step
+on its own; the recurrence needs, on device k, the membrane potential device k-1 ends its segment
+with. The neurons are split into B blocks and pipelined (a ``jax.shard_map`` manual over ``time``,
+the other mesh axes left to the partitioner): at tick i (``0 <= i < B + P - 1``) device k
+integrates block ``i - k`` of its segment from the potential device k-1 sent at tick i-1 (device 0
+from ``v_init``), then sends its block's final potential to device k+1 (``lax.ppermute``). A
+device is idle in P-1 of the B+P-1 ticks: the bubble is ``(P-1) / (B+P-1)``.
+
+The backward (``custom_vjp``) runs the same pipeline in reverse: device P-1 starts, device k
+computes block ``i - (P-1-k)``'s gradients from the dL/dV device k+1 sent, and sends the dL/dV
+of its segment's start potential on to device k-1. Each block's gradients are those of the
+``xla`` path (``snnjax.neurons.xla``), recomputing the block's forward from its start potential,
+the one residual besides ``x`` (``[P, ...]``: one potential per device and neuron). PLIF's ``dw``
+is the sum over blocks, then over ``time``. Idle ticks compute on a clamped block and are
+discarded with ``jnp.where``. Spikes and states equal the unsharded neuron's bit for bit (the
+same operations in the same order on the same values); gradients equal them to rounding (PLIF's
+``dw`` is summed in another order).
+
+Blocks: the trailing dims are viewed as ``(first, product of the middle ones, last)`` (``[N, H*W, C]``,
+``[N, L, D]``; a row-major merge that keeps the batch and channel shardings), and the neurons are split
+along one dim of that view of size ``n`` as ``[n / B, B]``, block index minor, so a dim that the
+partitioner shards stays sharded as long as its shard count divides ``n / B``. ``choose_blocks``
+prefers the merged middle dim (pixels, tokens: contiguous runs of channels per neuron group, and no
+strategy but sequence parallelism shards it), then the last, then the first. The automatic count (``blocks=0``) is
+the smallest B dividing ``n`` with a bubble under ``BUBBLE_TARGET`` (B >= 9(P-1)+1 for 10%), while
+every block keeps at least ``MIN_BLOCK_NEURONS`` neurons; where no such B exists, the largest B
+that keeps blocks that large (the bubble is then larger, and ``layer_schedule`` says so).
+
+Bytes sent per step, per device and layer: one block's potentials forward and their gradients
+backward at each of the B+P-1 ticks, ``2 (m/B) s (B+P-1)`` bytes (``m`` neurons on the device,
+``s`` bytes of the state dtype), about ``2 m s`` when the bubble is small.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from snnjax.neurons import base as B
+from snnjax.neurons import xla
+
+TIME_AXIS = "time"
+BUBBLE_TARGET = 0.10
+MIN_BLOCK_NEURONS = 512
+
+_BLOCKS: contextvars.ContextVar[int] = contextvars.ContextVar("snnjax_time_blocks", default=0)
+
+
+@contextlib.contextmanager
+def block_count(blocks: int):
+    """Within this context time-sharded neurons use ``blocks`` blocks (0: the automatic count)."""
+    if blocks < 0:
+        raise ValueError(f"time blocks must be >= 0 (0: automatic), got {blocks}")
+    token = _BLOCKS.set(int(blocks))
+    try:
+        yield
+    finally:
+        _BLOCKS.reset(token)
+
+
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("snnjax_time_schedules", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect ``(input shape, Schedule)`` of every time-sharded neuron traced within this context."""
+    found: list = []
+    token = _RECORD.set(found)
+    try:
+        yield found
+    finally:
+        _RECORD.reset(token)
+
+
+def bubble(shards: int, blocks: int) -> float:
+    """Idle share of the pipeline: ``(P-1) / (B+P-1)``."""
+    return (shards - 1) / (blocks + shards - 1)
+
+
+def min_blocks(shards: int, target: float = BUBBLE_TARGET) -> int:
+    """The fewest blocks whose bubble is under ``target`` (``9(P-1)+1`` for 10%)."""
+    return math.floor((shards - 1) * (1.0 - target) / target) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How one neuron layer ``[T, *trailing]`` is pipelined over ``shards`` devices."""
+
+    shards: int
+    blocks: int
+    dim: int  # the dim of ``block_view(trailing)`` that is split into blocks
+    neurons: int  # trailing elements (all devices of the other axes together)
+    state_bytes: int  # bytes of one potential
+
+    @property
+    def bubble(self) -> float:
+        return bubble(self.shards, self.blocks)
+
+    @property
+    def ticks(self) -> int:
+        return self.blocks + self.shards - 1
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes one device sends per step: a block's potential (forward) and its gradient (backward) each
+        tick, idle ticks included (``neurons`` here: those one device holds of the other axes' shards)."""
+        return 2 * (self.neurons // self.blocks) * self.state_bytes * self.ticks
+
+
+def block_view(trailing: tuple[int, ...]) -> tuple[int, ...]:
+    """The trailing dims as the pipeline blocks them: ``(first, product of the middle ones, last)`` from rank 3 on
+    (a row-major merge that keeps the first and last dims' shardings), else as they are."""
+    if len(trailing) < 3:
+        return tuple(trailing)
+    return (trailing[0], math.prod(trailing[1:-1]), trailing[-1])
+
+
+def _candidate_dims(view: tuple[int, ...]) -> list[int]:
+    """Dims of the block view in order of preference: the merged middle one, then the last, then the first."""
+    n = len(view)
+    return ([1] if n == 3 else []) + ([n - 1] if n > 1 else []) + [0]
+
+
+def choose_blocks(trailing: tuple[int, ...], shards: int, blocks: int = 0) -> tuple[int, int]:
+    """``(dim, B)``: the dim of ``block_view(trailing)`` split into blocks and the block count (see the module
+    docstring). ``blocks > 0`` asks for that count: the first preferred dim it divides; ValueError if none.
+    """
+    trailing = block_view(tuple(trailing))
+    dims = _candidate_dims(trailing)
+    if blocks > 0:
+        for d in dims:
+            if trailing[d] % blocks == 0:
+                return d, blocks
+        raise ValueError(f"{blocks} time blocks divide none of the neuron dims {trailing}; choose a count that "
+                         "divides one of them (or 0 for the automatic count)")
+    total = math.prod(trailing)
+    want = min_blocks(shards)
+    best, best_key = (dims[0], 1), None
+    for rank, d in enumerate(dims):
+        for b in range(1, trailing[d] + 1):
+            if trailing[d] % b or (b > 1 and total // b < MIN_BLOCK_NEURONS):
+                continue
+            # Meeting the target beats missing it; then fewer blocks if met, more if missed; then the preferred dim.
+            key = (b >= want, -b if b >= want else b, -rank)
+            if best_key is None or key > best_key:
+                best, best_key = (d, b), key
+    return best
+
+
+def layer_schedule(shape: tuple[int, ...], shards: int, dtype=jnp.float32, blocks: int = 0) -> Schedule:
+    """The ``Schedule`` of a neuron layer on ``shape = [T, *trailing]`` (``dtype``: the input dtype); ``dim``
+    indexes ``block_view(trailing)``."""
+    trailing = tuple(shape[1:])
+    d, b = choose_blocks(trailing, shards, blocks)
+    return Schedule(shards, b, d, math.prod(trailing), jnp.dtype(B.state_dtype(dtype)).itemsize)
+
+
+def time_shards() -> int:
+    """The size of the ``time`` axis of the current mesh context where this neuron would run (1: not sharded)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or TIME_AXIS not in mesh.axis_names or mesh.manual_axes:
+        return 1
+    return int(mesh.shape[TIME_AXIS])
+
+
+def applies(x_seq) -> bool:
+    """Whether ``snnjax.neurons.dispatch`` runs ``x_seq`` through this pipeline (the mesh context shards time).
+
+    Raises ValueError when time is sharded but ``T`` does not divide over it.
+    """
+    shards = time_shards()
+    if shards < 2:
+        return False
+    t = jnp.shape(x_seq)[0]
+    if t % shards:
+        raise ValueError(f"the neuron input has T={t} time steps, which do not divide over the mesh axis "
+                         f"time={shards}; use a T that is a multiple of {shards} or a smaller time axis")
+    return True
+
+
+def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
+              blocks: int | None = None):
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, with T split over the mesh axis ``time``.
+
+    ``blocks``: the block count (None: the ``block_count`` context's; 0: automatic). Needs a mesh
+    context with a ``time`` axis (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``) that ``T``
+    divides by, and at least one trailing dim.
+    """
+    B.check_decay_param(cfg, w)
+    x_seq = jnp.asarray(x_seq)
+    shards = time_shards()
+    if shards < 2 or x_seq.ndim < 2 or x_seq.shape[0] % shards:
+        raise ValueError(f"the time-sharded neuron needs a mesh context with time > 1 dividing T and an input "
+                         f"[T, ...] of rank >= 2; got time={shards}, shape {x_seq.shape}")
+    sched = layer_schedule(x_seq.shape, shards, x_seq.dtype, _BLOCKS.get() if blocks is None else blocks)
+    if (record := _RECORD.get()) is not None:
+        record.append((tuple(x_seq.shape), sched))
+    v0 = B.broadcast_state(cfg, x_seq, v_init)
+    w0 = jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
+    static = (cfg, return_v_seq, v_init is not None, shards, sched.dim, sched.blocks)
+    t, trailing = x_seq.shape[0], x_seq.shape[1:]
+    view = block_view(trailing)
+    s, v = _pipelined(static, x_seq.reshape(t, *view), v0.reshape(view), w0)
+    return s.reshape(x_seq.shape), v.reshape(v.shape[:1] + trailing if return_v_seq else trailing)
+
+
+# --- blocks: dim d of size n as [n / B, B], block index minor ---------------------------------------------
+
+
+def _split(a, axis, nb):
+    return a.reshape(*a.shape[:axis], a.shape[axis] // nb, nb, *a.shape[axis + 1:])
+
+
+def _merge(a, axis):
+    return a.reshape(*a.shape[:axis], a.shape[axis] * a.shape[axis + 1], *a.shape[axis + 2:])
+
+
+def _take(a, j, axis):
+    return jax.lax.dynamic_index_in_dim(a, j, axis + 1, keepdims=False)
+
+
+def _put(a, block, j, valid, axis):
+    """``a`` with block ``j`` (along the minor block axis after ``axis``) set to ``block`` where ``valid``."""
+    old = _take(a, j, axis)
+    return jax.lax.dynamic_update_index_in_dim(a, jnp.where(valid, block, old), j, axis + 1)
+
+
+# --- the pipeline ------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _pipelined(static, x, v0, w):
+    (s, v), _ = _fwd(static, x, v0, w)
+    return s, v
+
+
+def _fwd(static, x, v0, w):
+    cfg, ret_seq, _, shards, d, nb = static
+    v_spec = P(TIME_AXIS) if ret_seq else P()
+    body = functools.partial(_forward_body, cfg, ret_seq, shards, d, nb)
+    s, v, v_in = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(), P()), out_specs=(P(TIME_AXIS), v_spec, P(TIME_AXIS)),
+                               axis_names={TIME_AXIS}, check_vma=False)(x, v0, w)
+    return (s, v), (x, v_in, w)
+
+
+def _bwd(static, res, cts):
+    cfg, ret_seq, has_v_init, shards, d, nb = static
+    x, v_in, w = res
+    ds, dv = cts
+    v_spec = P(TIME_AXIS) if ret_seq else P()
+    body = functools.partial(_backward_body, cfg, ret_seq, has_v_init, shards, d, nb)
+    dx, dv0, dw = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
+                                out_specs=(P(TIME_AXIS), P(), P()), axis_names={TIME_AXIS},
+                                check_vma=False)(x, v_in, w, ds, dv)
+    return dx, dv0.astype(v_in.dtype), dw
+
+
+_pipelined.defvjp(_fwd, _bwd)
+
+
+def _block_fn(cfg, ret_seq):
+    return lambda x, v, w: xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
+
+
+def _forward_body(cfg, ret_seq, shards, d, nb, x, v0, w):
+    """One device: ``x [T/P, *trailing]`` -> spikes, ``v`` (sequence, or the last device's final state), and
+    the start potential of each neuron's segment ``[1, *trailing]``."""
+    k = jax.lax.axis_index(TIME_AXIS)
+    sdt = v0.dtype
+    xb, v0b = _split(x, d + 1, nb), _split(v0, d, nb)
+    block = _block_fn(cfg, ret_seq)
+    s_buf = jnp.zeros(xb.shape, x.dtype)
+    v_buf = jnp.zeros(xb.shape if ret_seq else v0b.shape, sdt)
+    vin_buf = jnp.zeros(v0b.shape, sdt)
+    v_recv = jnp.zeros_like(_take(v0b, 0, d))
+
+    def tick(carry, i):
+        v_recv, s_buf, v_buf, vin_buf = carry
+        j = i - k
+        valid = (j >= 0) & (j < nb)
+        jc = jnp.clip(j, 0, nb - 1)
+        v_start = jnp.where(k == 0, _take(v0b, jc, d), v_recv)
+        s, v = block(_take(xb, jc, d + 1), v_start, w)
+        s_buf = _put(s_buf, s, jc, valid, d + 1)
+        v_buf = _put(v_buf, v, jc, valid, d + 1 if ret_seq else d)
+        vin_buf = _put(vin_buf, v_start, jc, valid, d)
+        v_last = v[-1] if ret_seq else v
+        v_send = jnp.where(valid, v_last, jnp.zeros_like(v_last))
+        v_recv = jax.lax.ppermute(v_send, TIME_AXIS, [(q, q + 1) for q in range(shards - 1)])
+        return (v_recv, s_buf, v_buf, vin_buf), None
+
+    (_, s_buf, v_buf, vin_buf), _ = jax.lax.scan(tick, (v_recv, s_buf, v_buf, vin_buf), jnp.arange(nb + shards - 1))
+    s = _merge(s_buf, d + 1)
+    if ret_seq:
+        v = _merge(v_buf, d + 1)
+    else:  # the final state lives on the last device; every device returns it
+        v_last = _merge(v_buf, d)
+        v = jax.lax.psum(jnp.where(k == shards - 1, v_last, jnp.zeros_like(v_last)), TIME_AXIS)
+    return s, v, _merge(vin_buf, d)[None]
+
+
+def _backward_body(cfg, ret_seq, has_v_init, shards, d, nb, x, v_in, w, ds, dv):
+    """One device: the reverse pipeline; returns ``dx [T/P, ...]``, ``dv_init [...]`` and PLIF's ``dw``."""
+    k = jax.lax.axis_index(TIME_AXIS)
+    sdt = v_in.dtype
+    xb, vinb, dsb = _split(x, d + 1, nb), _split(v_in[0], d, nb), _split(ds, d + 1, nb)
+    dvb = _split(dv, d + 1 if ret_seq else d, nb)
+    block = _block_fn(cfg, ret_seq)
+    dx_buf = jnp.zeros(xb.shape, x.dtype)
+    dv0_buf = jnp.zeros(vinb.shape, sdt)
+    g_recv = jnp.zeros_like(_take(vinb, 0, d))
+    plif = cfg.kind == "PLIF"
+    dw = jnp.zeros((), w.dtype) if plif else None
+
+    def tick(carry, i):
+        g_recv, dx_buf, dv0_buf, dw = carry
+        j = i - (shards - 1 - k)
+        valid = (j >= 0) & (j < nb)
+        jc = jnp.clip(j, 0, nb - 1)
+        if ret_seq:  # dL/dV of the segment's last step: its own cotangent plus what the next segment sends
+            dv_j = _take(dvb, jc, d + 1)
+            dv_j = dv_j.at[-1].set(dv_j[-1] + g_recv.astype(dv_j.dtype))
+        else:
+            dv_j = jnp.where(k == shards - 1, _take(dvb, jc, d).astype(sdt), g_recv)
+        _, vjp = jax.vjp(block, _take(xb, jc, d + 1), _take(vinb, jc, d), w)
+        dx_j, dv0_j, dw_j = vjp((_take(dsb, jc, d + 1), dv_j))
+        dx_buf = _put(dx_buf, dx_j, jc, valid, d + 1)
+        dv0_buf = _put(dv0_buf, dv0_j, jc, valid, d)
+        if plif:
+            dw = dw + jnp.where(valid, dw_j, jnp.zeros_like(dw_j))
+        g_send = jnp.where(valid, dv0_j, jnp.zeros_like(dv0_j))
+        g_recv = jax.lax.ppermute(g_send, TIME_AXIS, [(q, q - 1) for q in range(1, shards)])
+        return (g_recv, dx_buf, dv0_buf, dw), None
+
+    (_, dx_buf, dv0_buf, dw), _ = jax.lax.scan(tick, (g_recv, dx_buf, dv0_buf, dw), jnp.arange(nb + shards - 1))
+    dv0 = _merge(dv0_buf, d)
+    if has_v_init:
+        dv0 = jax.lax.psum(jnp.where(k == 0, dv0, jnp.zeros_like(dv0)), TIME_AXIS)
+    else:  # the fresh start is a constant: its cotangent is not wanted
+        dv0 = jnp.zeros_like(dv0)
+    if plif:
+        dw = jax.lax.psum(dw, TIME_AXIS)
+    return _merge(dx_buf, d + 1), dv0, dw

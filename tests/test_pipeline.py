@@ -1,0 +1,155 @@
+"""The pipeline over ``stage`` trains exactly like one device with the same microbatching (float64).
+
+For a small CIFAR10DVSVGG (dropout on, so each microbatch's dropout key matters) and a tiny
+Spikformer, every schedule with stage=2 and stage=4 (interleaved: 2 virtual stages per device),
+and stage=2 x data=2 x tensor=2, must give the single-device loss and gradients of the first step
+(``train_step`` with ``grad_accum_steps = M``), and after three Adam steps the same parameters,
+optimizer state and BatchNorm statistics (relative error <= 1e-9).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+
+from snnjax import parallel
+from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.step import StepConfig
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64(x64_module):
+    yield
+    _run.cache_clear()
+    _setup.cache_clear()
+
+
+def build(name: str):
+    kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
+    if name == "vgg":  # 9 units: 8 blocks and the head
+        return (CIFAR10DVSVGG(widths=(8, 8, 8, 8, 8, 8, 8, 8), image_size=16, dropout=0.25, **kw),
+                (2, BATCH, 16, 16, 2))
+    # 8 units: stem, 6 blocks, head
+    return (Spikformer(T=2, img_size=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=6,
+                       mlp_ratio=2, **kw), (2, BATCH, 16, 16, 2))
+
+
+@functools.cache
+def _setup(model_name: str):
+    return initial_state(*build(model_name))
+
+
+@functools.cache
+def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1):
+    """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device."""
+    model, graphdef, tx, host_state, x, y = _setup(model_name)
+    host_state = jax.tree.map(lambda a: a.copy(), host_state)
+    if mesh_spec is None:
+        cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
+                         grad_accum_steps=microbatches)
+        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
+    else:
+        cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True)
+        size = int(np.prod(list(mesh_lib.parse_mesh_spec(mesh_spec).values())))
+        mesh = mesh_lib.make_mesh(mesh_spec, jax.devices()[:size])
+        plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
+                             pipeline=PipelineOptions(schedule, virtual, microbatches))
+    first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    return jax.device_get(first), jax.device_get(state), plan, compiled
+
+
+CASES = [(model, f"stage={s}", sched, 4, 2 if sched == "interleaved" else 1)
+         for model in ("vgg", "spikformer") for s in (2, 4) for sched in pipeline_plan.SCHEDULES]
+CASES += [(model, "stage=2,data=2,tensor=2", "1f1b", 2, 1) for model in ("vgg", "spikformer")]
+
+
+@pytest.mark.parametrize("model_name,mesh_spec,schedule,microbatches,virtual", CASES)
+def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microbatches, virtual):
+    ref_first, ref_state, _, _ = _run(model_name, None, "", microbatches)
+    first, state, plan, _ = _run(model_name, mesh_spec, schedule, microbatches, virtual)
+    assert plan.pipeline.microbatches == microbatches and plan.pipeline.virtual == virtual
+    assert _rel(first["loss"], ref_first["loss"]) <= TOL
+    assert _rel(first["accuracy"], ref_first["accuracy"]) <= TOL
+    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise
+    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
+        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
+    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
+    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
+    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
+
+
+def test_one_f_one_b_holds_stage_inputs_by_stages_not_microbatches():
+    """The executor's buffers: 1F1B keeps at most S stage inputs per device, GPipe all M."""
+    for s, m in ((2, 8), (4, 16), (4, 32)):
+        assert pipeline_tables.build(schedules.one_f_one_b(s, m)).act_slots == s  # in flight, plus one arriving
+        assert pipeline_tables.build(schedules.gpipe(s, m)).act_slots == m
+        zb = pipeline_tables.build(schedules.zero_bubble(s, m))
+        assert zb.act_slots <= s and zb.w_slots <= s
+
+
+def test_tables_route_every_send_to_a_slot_that_is_read():
+    """Every F output (and B input cotangent) sent is stored in a slot that its consumer reads later."""
+    for sched in (schedules.gpipe(3, 5), schedules.one_f_one_b(4, 8), schedules.interleaved(2, 4, 2),
+                  schedules.zero_bubble(4, 6)):
+        t = pipeline_tables.build(sched)
+        for kind, write, read, trash in (("act", t.act_write, t.act_read, t.act_slots),
+                                         ("cot", t.cot_write, t.cot_read, t.cot_slots)):
+            for tick in range(t.ticks):
+                for d in range(sched.num_devices):
+                    slot = write[tick, d]
+                    if slot == trash:
+                        continue
+                    later = read[tick + 1:, d]
+                    assert slot in later, (sched.name, kind, tick, d)
+
+
+def test_layout_and_microbatch_choices():
+    model, _ = build("vgg")
+    with pytest.raises(ValueError, match="add up to the model's 9 units"):
+        pipeline_plan.parse_layout("2|2", 9, 2, [u.name for u in model.units()])
+    assert pipeline_plan.parse_layout("4|5", 9, 2, [u.name for u in model.units()]) == (4, 5)
+    assert pipeline_plan.balance([1, 1, 1, 1, 4], 2) == (4, 1)
+    costs = [3, 1, 1, 1, 1, 1]
+    layout = pipeline_plan.balance(costs, 3)
+    edges = np.cumsum((0,) + layout)
+    assert sum(layout) == 6 and max(sum(costs[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)) == 3
+    # more microbatches shrink the bubble until the fixed per-action cost dominates; all divide over data
+    m = pipeline_plan.choose_microbatches(64, 2, 4, 1, "1f1b")
+    assert 64 % m == 0 and (64 // m) % 2 == 0 and 4 <= m <= 32
+    with pytest.raises(ValueError, match="no microbatch count"):
+        pipeline_plan.choose_microbatches(6, 4, 2, 1, "1f1b")
+
+
+def test_plan_errors_say_what_to_change():
+    model, _ = build("vgg")
+    with pytest.raises(ValueError, match="mode=pp"):
+        parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="dp")
+    with pytest.raises(ValueError, match="stage"):
+        parallel.plan(model, mesh_lib.make_mesh("data=8"), mode="pp", global_batch_size=8)
+    with pytest.raises(ValueError, match="microbatches"):
+        parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
+                      pipeline=PipelineOptions(microbatches=4))  # 8 / 4 = 2 examples do not split over data=4
+    with pytest.raises(ValueError, match="sequence_parallel is not available"):
+        parallel.plan(model, mesh_lib.make_mesh("stage=2,data=2,tensor=2"), mode="pp", global_batch_size=8,
+                      sequence_parallel=True)
+    with pytest.raises(ValueError, match="virtual"):
+        parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
+                      pipeline=PipelineOptions("1f1b", virtual_stages=2, microbatches=2))
+
+
+def test_print_summary_shows_the_schedule():
+    model, shape = build("vgg")
+    plan = parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
+                         pipeline=PipelineOptions("1f1b", 1, 2), input_shape=shape, compute_dtype=jnp.float64)
+    text = str(plan)
+    assert "pipeline: 1f1b over stage=2, 2 microbatches" in text and "bubble 33.3%" in text
+    assert "d0: F0 F1" in text and "stage 1 (device 1):" in text and "head" in text
+    assert sum(plan.pipeline.layout) == 9
