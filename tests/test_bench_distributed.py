@@ -100,8 +100,11 @@ def test_bad_layouts_say_what_to_change(tmp_path, extra, match):
 
 def test_unknown_mode_and_mlp_image_size_are_usage_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        _run(tmp_path / "x.jsonl", "--mode", "pp")
+        _run(tmp_path / "x.jsonl", "--mode", "pipeline")
     assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "x.jsonl", "--mode", "pp")
+    assert "--mode pp needs --mesh" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _run(tmp_path / "x.jsonl", "--mode", "dp", "--image-size", "32")
     assert "--image-size" in capsys.readouterr().err

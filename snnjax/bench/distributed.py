@@ -119,6 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.image_size is not None and args.model == "mlp":
         p.error("--image-size applies to cifar10dvs_vgg and spikformer_ti, not mlp")
+    if args.mode == "pp" and not args.mesh:
+        p.error("--mode pp needs --mesh with stage > 1 (e.g. --mesh stage=2,data=4)")
     if args.compare_spikingjelly and args.dtype != "float32":
         p.error("--compare-spikingjelly runs float32 only")
     for name in ("batch_size", "T", "steps", "width_div"):
@@ -291,8 +293,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     pp = {}
     if args.mode == "pp":
-        if not args.mesh:
-            raise ValueError("--mode pp needs --mesh with stage > 1 (e.g. stage=2,data=4)")
         pp = {"pipeline": PipelineOptions(args.pp_schedule, args.pp_virtual_stages, args.pp_microbatches,
                                           args.pp_layout),
               "input_shape": (args.T, args.batch_size, *net_input_shape(args.model, args.image_size)),

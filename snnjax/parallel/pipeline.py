@@ -107,7 +107,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
     """Summed gradients over ``M`` microbatches through the pipeline.
 
     ``xs [M, T, mb, ...]`` the microbatches' model inputs, ``ys [M, mb]`` their labels;
-    ``loss_fn(logits, labels) -> (loss, correct)`` (per-microbatch means). Returns
+    ``loss_fn(logits, labels) -> (loss, accuracy)`` (per-microbatch means, scalars in ``acc_dtype``). Returns
     ``(grads, model_state, loss_sum, acc_sum)``: gradients of the summed per-microbatch losses,
     BatchNorm statistics after the M microbatches, and the sums of the losses and accuracies.
     """
@@ -161,7 +161,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         if g < num_g - 1:
             return out, (new_ms, jnp.zeros((), acc_dtype))
         loss, correct = loss_fn(out, y_labels)
-        return loss.astype(acc_dtype), (new_ms, correct.astype(acc_dtype))
+        return loss, (new_ms, correct)
 
     def body(values, model_state_in, rngs_in, key_in, xs_local, ys_local):
         d = jax.lax.axis_index("stage")

@@ -18,6 +18,9 @@ the parameters, optimizer state and model state (BatchNorm statistics) it was
 given, with the step counter advanced, so the data and randomness of later
 steps stay those of their step number.
 
+With a pipeline in the layout (``parallel.mode=pp``), the gradients of the pipeline's microbatches
+come from ``snnjax.parallel.pipeline`` and the update is the same.
+
 With ``grad_accum_steps == 1`` the step has no loop: XLA:CPU runs a convolution's
 gradient many times slower inside a loop body than outside (jax-ml/jax issue
 12868), and a one-iteration scan would be that loop.
@@ -86,6 +89,12 @@ def classification_loss(logits: jax.Array, labels: jax.Array, kind: str = "ce", 
     return loss
 
 
+def loss_and_accuracy(cfg: StepConfig, logits: jax.Array, labels: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """The batch-mean loss of ``logits [T, N, K]`` and the accuracy of their time mean, in ``dtype``."""
+    loss = classification_loss(logits, labels, cfg.loss, cfg.tet_lambda).mean().astype(dtype)
+    return loss, jnp.mean(jnp.argmax(logits.mean(0), -1) == labels).astype(dtype)
+
+
 def model_inputs(cfg: StepConfig, inputs: jax.Array, key: jax.Array) -> jax.Array:
     """Batch inputs -> the model's ``[T, N, ...]`` in the compute dtype."""
     if cfg.encoder is not None:
@@ -123,9 +132,7 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         params = layout.constrain_params(params)
         model = nnx.merge(graphdef, params, _fresh(state.rngs), _fresh(model_state))
         nnx.reseed(model, dropout=jax.random.fold_in(drop_key, i))
-        logits = model(x)
-        loss = classification_loss(logits, y, cfg.loss, cfg.tet_lambda).mean().astype(acc_dtype)
-        correct = jnp.mean(jnp.argmax(logits.mean(0), -1) == y).astype(acc_dtype)
+        loss, correct = loss_and_accuracy(cfg, model(x), y, acc_dtype)
         return loss, (correct, split_model(model)[3])
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -177,14 +184,10 @@ def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, ac
     xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))
     ys = constrain(ys, (None, "batch"))
 
-    def loss_fn(logits, y):
-        loss = classification_loss(logits, y, cfg.loss, cfg.tet_lambda).mean()
-        return loss, jnp.mean(jnp.argmax(logits.mean(0), -1) == y)
-
     params = layout.constrain_params(state.params)
     grads, model_state, loss_sum, acc_sum = pipeline_gradients(
         layout.pipeline, layout.mesh, graphdef, params, state.rngs, state.model_state, xs, ys, drop_key,
-        loss_fn=loss_fn, acc_dtype=acc_dtype)
+        loss_fn=lambda logits, y: loss_and_accuracy(cfg, logits, y, acc_dtype), acc_dtype=acc_dtype)
     grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     return grads, model_state, loss_sum, acc_sum
 
