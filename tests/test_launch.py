@@ -444,3 +444,29 @@ def test_checkpoint_restores_on_another_process_count_and_mesh(tmp_path, writer,
             assert np.max(np.abs(resumed[key] - want)) <= 1e-12 * scale, key
         else:
             np.testing.assert_array_equal(resumed[key], want, err_msg=key)
+
+
+def test_distributed_benchmark_and_pipeline_run_under_the_launcher(tmp_path):
+    """The distributed benchmark (2 processes x 4 devices, one record from rank 0) and mode=pp training over
+    stage=2 x data=4 across the two processes, with the losses of one process."""
+    bench = ["--model", "mlp", "--mode", "dp", "--mesh", "data=8", "--batch-size", "8", "--T", "2", "--steps", "2",
+             "--warmup", "1", "--no-phases", "--dtype", "float64", "--out", tmp_path / "dist.jsonl"]
+    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
+                                    ROOT / "snnjax" / "bench" / "distributed.py", *bench),
+                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "dist.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["process_count"] == 2 and records[0]["device_count"] == 8
+
+    common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=4",
+              "--config.log_every_steps=1", "--config.global_batch_size=32", "--config.parallel.mode=pp",
+              "--config.parallel.mesh=stage=2,data=4"]
+    one = subprocess.run([sys.executable, ROOT / "train.py", *common, "--workdir", tmp_path / "one"],
+                         env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
+                                    ROOT / "train.py", *common, "--workdir", tmp_path / "two"),
+                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    np.testing.assert_allclose(_metrics(tmp_path / "two")[0], _metrics(tmp_path / "one")[0], rtol=1e-12, atol=0)
