@@ -446,9 +446,8 @@ def test_checkpoint_restores_on_another_process_count_and_mesh(tmp_path, writer,
             np.testing.assert_array_equal(resumed[key], want, err_msg=key)
 
 
-def test_distributed_benchmark_and_pipeline_run_under_the_launcher(tmp_path):
-    """The distributed benchmark (2 processes x 4 devices, one record from rank 0) and mode=pp training over
-    stage=2 x data=4 across the two processes, with the losses of one process."""
+def test_distributed_benchmark_runs_under_the_launcher(tmp_path):
+    """2 processes x 4 devices: one record, written by rank 0, that counts both processes."""
     bench = ["--model", "mlp", "--mode", "dp", "--mesh", "data=8", "--batch-size", "8", "--T", "2", "--steps", "2",
              "--warmup", "1", "--no-phases", "--dtype", "float64", "--out", tmp_path / "dist.jsonl"]
     two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
@@ -458,9 +457,14 @@ def test_distributed_benchmark_and_pipeline_run_under_the_launcher(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "dist.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["process_count"] == 2 and records[0]["device_count"] == 8
 
+
+@pytest.mark.parametrize("mode,mesh", [("dp", "data=8"), ("pp", "stage=2,data=4")])
+def test_two_processes_train_as_one_with_dp_and_the_pipeline(tmp_path, mode, mesh):
+    """dp over data=8, and the pipeline over stage=2 x data=4 (stages across the processes): 2 processes x 4
+    devices give the losses and final parameters of 1 process x 8 (float64)."""
     common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=4",
-              "--config.log_every_steps=1", "--config.global_batch_size=32", "--config.parallel.mode=pp",
-              "--config.parallel.mesh=stage=2,data=4"]
+              "--config.log_every_steps=1", "--config.global_batch_size=32", f"--config.parallel.mode={mode}",
+              f"--config.parallel.mesh={mesh}"]
     one = subprocess.run([sys.executable, ROOT / "train.py", *common, "--workdir", tmp_path / "one"],
                          env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
@@ -469,4 +473,10 @@ def test_distributed_benchmark_and_pipeline_run_under_the_launcher(tmp_path):
                                     ROOT / "train.py", *common, "--workdir", tmp_path / "two"),
                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    np.testing.assert_allclose(_metrics(tmp_path / "two")[0], _metrics(tmp_path / "one")[0], rtol=1e-12, atol=0)
+    losses_one, losses_two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
+    assert len(losses_one) == 4
+    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)
+    params_one, params_two = _params(tmp_path / "one"), _params(tmp_path / "two")
+    assert params_one.keys() == params_two.keys()
+    for key, want in params_one.items():
+        np.testing.assert_allclose(params_two[key], want, rtol=1e-12, atol=1e-15, err_msg=key)
