@@ -367,19 +367,26 @@ def _metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
     return losses, evals[-1]
 
 
+def train_one_and_two(tmp_path, args) -> subprocess.CompletedProcess:
+    """``train.py args`` as 1 process x 8 devices (``tmp_path/one``) and under the launcher as 2 processes x 4
+    (``tmp_path/two``); both must succeed. Returns the launched run."""
+    one = subprocess.run([sys.executable, ROOT / "train.py", *args, "--workdir", tmp_path / "one"],
+                         env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
+                                    ROOT / "train.py", *args, "--workdir", tmp_path / "two"),
+                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    return two
+
+
 def test_two_processes_train_as_one(tmp_path):
     """2 processes x 4 devices (fsdp over both, tensor within each) match 1 process x 8 in float64."""
     common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=5",
               "--config.log_every_steps=1", "--config.eval_every_steps=5", "--config.parallel.mode=fsdp_tp",
               "--config.parallel.mesh=fsdp=4,tensor=2"]
-    one = subprocess.run([sys.executable, ROOT / "train.py", *common, "--workdir", tmp_path / "one"],
-                         env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
-                                    ROOT / "train.py", *common, "--workdir", tmp_path / "two"),
-                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
+    two = train_one_and_two(tmp_path, common)
     assert "[rank 0] done: eval_accuracy" in two.stdout and "[rank 1] done:" not in two.stdout  # rank 0 reports
     assert "fsdp=4 x tensor=2" in two.stdout
 
@@ -465,14 +472,7 @@ def test_two_processes_train_as_one_with_dp_and_the_pipeline(tmp_path, mode, mes
     common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=4",
               "--config.log_every_steps=1", "--config.global_batch_size=32", f"--config.parallel.mode={mode}",
               f"--config.parallel.mesh={mesh}"]
-    one = subprocess.run([sys.executable, ROOT / "train.py", *common, "--workdir", tmp_path / "one"],
-                         env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
-                                    ROOT / "train.py", *common, "--workdir", tmp_path / "two"),
-                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
+    train_one_and_two(tmp_path, common)
     losses_one, losses_two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
     assert len(losses_one) == 4
     np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)

@@ -45,7 +45,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from snnjax.parallel import pipeline_tables, schedules
-from snnjax.parallel.variables import owner, path_str
+from snnjax.parallel.variables import fresh, owner, path_str
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 
@@ -86,10 +86,6 @@ class PipelineSpec:
         return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def _fresh(tree):
-    return jax.tree.map(lambda v: v, tree)
-
-
 def _to_flat(x: jax.Array, width: int) -> jax.Array:
     """``[T, mb, ...]`` -> ``[mb, width]`` (the microbatch dim first, so its sharding survives; zero-padded)."""
     flat = jnp.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
@@ -117,7 +113,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
     num_g, s_count = sched.num_stages, spec.stages
     ranges = spec.unit_ranges()
 
-    probe = nnx.merge(graphdef, params, _fresh(rngs), _fresh(model_state))
+    probe = nnx.merge(graphdef, params, fresh(rngs), fresh(model_state))
     units = probe.units()
     if ranges[-1][1] != len(units):
         raise ValueError(f"the pipeline layout {spec.layout} covers {ranges[-1][1]} units, but the model has "
@@ -134,7 +130,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         values = list(all_values)
         for i, v in zip(own[g], own_values, strict=True):
             values[i] = v
-        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(p_def, values), _fresh(rngs), _fresh(ms))
+        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(p_def, values), fresh(rngs), fresh(ms))
         nnx.reseed(model, dropout=jax.random.fold_in(drop_key, m))
         lo, hi = ranges[g]
         y = x

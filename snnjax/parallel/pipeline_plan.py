@@ -29,7 +29,7 @@ from flax import nnx
 
 from snnjax.parallel import pipeline_tables, schedules
 from snnjax.parallel.pipeline import SCHEDULES, PipelineSpec
-from snnjax.parallel.variables import flat_vars, owner, value
+from snnjax.parallel.variables import flat_vars, fresh, owner, value
 
 OVERHEAD_EXAMPLES = 2.0  # the fixed cost of one pipeline action, in examples' worth of compute
 
@@ -86,7 +86,7 @@ def unit_costs(model: nnx.Module, input_shape: Sequence[int], dtype) -> list[flo
     x = jax.ShapeDtypeStruct(tuple(input_shape), dtype)
     for i in range(len(model.units())):
         def run(p, r, x, i=i):
-            return nnx.merge(graphdef, p, jax.tree.map(lambda v: v, r)).units()[i](x)
+            return nnx.merge(graphdef, p, fresh(r)).units()[i](x)
 
         def fwd_bwd(p, r, x, run=run):
             y, vjp = jax.vjp(lambda p, x: run(p, r, x), p, x)

@@ -60,3 +60,9 @@ def owner(groups: Sequence[Sequence[str]], path: str) -> int:
         raise ValueError(f"variable {path!r} is owned by {len(hits)} units ({hits}); each variable must belong to "
                          "exactly one unit (see the model's units())")
     return hits[0]
+
+
+def fresh(tree):
+    """``tree`` with new Variable objects at the current trace level (NNX forbids writing a Variable from an
+    outer trace, e.g. BatchNorm statistics inside a ``jax.vjp`` or a loop body)."""
+    return jax.tree.map(lambda v: v, tree)

@@ -32,16 +32,6 @@ def check(offload: str) -> None:
         raise ValueError(f"offload must be one of {OFFLOADS}, got {offload!r}")
 
 
-def note(offload: str) -> str | None:
-    """Why ``offload`` does nothing here (None where it applies)."""
-    check(offload)
-    if offload == "none":
-        return None
-    if host_memory_kind() is None:
-        return f"offload={offload!r} ignored: the {jax.default_backend()} backend offers no pinned_host memory"
-    return None
-
-
 def state_shardings(state: Any, offload: str, device: jax.Device | None = None):
     """Single-device shardings of a ``TrainState`` with its optimizer state in host memory (None: no offload)."""
     check(offload)

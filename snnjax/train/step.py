@@ -39,6 +39,7 @@ from snnjax.data.encoders import encode
 from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import constrain
 from snnjax.parallel.pipeline import pipeline_gradients
+from snnjax.parallel.variables import fresh
 
 
 @struct.dataclass
@@ -103,15 +104,12 @@ def model_inputs(cfg: StepConfig, inputs: jax.Array, key: jax.Array) -> jax.Arra
 
 
 def _microbatches(x: jax.Array, labels: jax.Array, k: int):
-    """Split the batch axis (1 of ``x [T, N, ...]``, 0 of labels) into ``k`` leading chunks."""
+    """Split the batch axis (1 of ``x [T, N, ...]``, 0 of labels) into ``k`` leading chunks, each split like the
+    batch."""
     t, n = x.shape[:2]
-    x = x.reshape(t, k, n // k, *x.shape[2:]).swapaxes(0, 1)
-    return x, labels.reshape(k, n // k)
-
-
-def _fresh(tree):
-    """New Variable objects at the current trace level (NNX forbids writing Variables from an outer trace)."""
-    return jax.tree.map(lambda v: v, tree)
+    xs = x.reshape(t, k, n // k, *x.shape[2:]).swapaxes(0, 1)
+    xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))
+    return xs, constrain(labels.reshape(k, n // k), (None, "batch"))
 
 
 def train_step(cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
@@ -130,7 +128,7 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 
     def loss_fn(params, model_state, x, y, i):
         params = layout.constrain_params(params)
-        model = nnx.merge(graphdef, params, _fresh(state.rngs), _fresh(model_state))
+        model = nnx.merge(graphdef, params, fresh(state.rngs), fresh(model_state))
         nnx.reseed(model, dropout=jax.random.fold_in(drop_key, i))
         loss, correct = loss_and_accuracy(cfg, model(x), y, acc_dtype)
         return loss, (correct, split_model(model)[3])
@@ -149,8 +147,6 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         grads = layout.constrain_grads(grads)
     else:
         xs, ys = _microbatches(x, batch["labels"], k)
-        xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))  # each microbatch split like the batch
-        ys = constrain(ys, (None, "batch"))
 
         def accumulate(carry, inp):
             grads, model_state, loss_sum, acc_sum = carry
@@ -181,9 +177,6 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, acc_dtype):
     """Summed gradients of the ``k`` microbatches through ``layout.pipeline`` (``snnjax.parallel.pipeline``)."""
     xs, ys = _microbatches(x, labels, k)
-    xs = constrain(xs, (None, "time", "batch") + (None,) * (xs.ndim - 3))
-    ys = constrain(ys, (None, "batch"))
-
     params = layout.constrain_params(state.params)
     grads, model_state, loss_sum, acc_sum = pipeline_gradients(
         layout.pipeline, layout.mesh, graphdef, params, state.rngs, state.model_state, xs, ys, drop_key,
