@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from snnjax import parallel
 from snnjax.layers import BatchNorm
-from snnjax.layers.pooling import _max_pool, _max_pool_split
+from snnjax.layers.pooling import _max_pool, max_pool2d
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules
@@ -172,13 +172,16 @@ def test_invalid_sizes_say_what_to_change():
 # -- pieces the layouts rely on ---------------------------------------------------------------------
 
 
-def test_split_max_pool_backward_picks_the_first_maximum_like_select_and_scatter():
-
-    x = jnp.round(jax.random.normal(jax.random.key(0), (2, 3, 9, 9, 4)) * 1.5)  # many ties
-    g = jax.random.normal(jax.random.key(1), _max_pool(x, 3, 2, 1).shape)
-    grads = [lambda x, g, f=f: jax.vjp(lambda x: f(x, 3, 2, 1), x)[1](g)[0] for f in (_max_pool, _max_pool_split)]
-    a, b = jax.jit(lambda x, g: [grad(x, g) for grad in grads])(x, g)
-    np.testing.assert_allclose(b, a, atol=1e-6)
+@pytest.mark.parametrize("k,s,p,size", [(3, 2, 1, 9), (3, 2, 1, 8), (2, 2, 0, 8), (3, 3, 0, 10), (2, 1, 1, 5)])
+def test_max_pool_equals_reduce_window_and_its_select_and_scatter_gradient(x64, k, s, p, size):
+    x = jnp.round(jax.random.normal(jax.random.key(0), (2, 3, size, size, 4), jnp.float64) * 1.5)  # many ties
+    x = x.at[0, 0, 0, 0, 0].set(-jnp.inf)
+    g = jax.random.normal(jax.random.key(1), _max_pool(x, k, s, p).shape, jnp.float64)
+    outs = [jax.vjp(lambda x, f=f: f(x, k, s, p), x) for f in (_max_pool, max_pool2d)]
+    (ya, vjp_a), (yb, vjp_b) = outs
+    np.testing.assert_array_equal(yb, ya)
+    # the first maximum of each window, row-major; overlapping windows add their shares in another order
+    np.testing.assert_allclose(vjp_b(g)[0], vjp_a(g)[0], rtol=1e-13, atol=1e-13)
 
 
 def test_batchnorm_over_several_channel_dims_equals_flat_channels():

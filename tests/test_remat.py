@@ -73,7 +73,8 @@ def test_policy_matches_none(references, model_name, policy, storage):
 
 def test_per_unit_policies(references):
     loss0, grads0, _ = references["spikformer"]
-    settings = remat.settings({"stem": "spikes", "blocks.1": "units", "head": "dots_saveable"}, "bits")
+    settings = remat.settings({"stages.0": "spikes", "positional_encoding": "units", "blocks.1": "units",
+                               "head": "dots_saveable"}, "bits")
     loss, grads, _ = _loss_and_grads("spikformer", settings)
     assert abs(float(loss) - float(loss0)) <= 1e-12 * abs(float(loss0))
     _assert_same(grads, grads0)

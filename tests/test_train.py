@@ -272,6 +272,8 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     ("--config.parallel.mesh=stage=2,data=4", "which only mode 'pp' uses"),
     ("--config.parallel.mode=pp", "needs the mesh axis stage > 1"),
     ("--config.parallel.pp.schedule=pipedream", "config.parallel.pp.schedule='pipedream' is not allowed"),
+    ("--config.parallel.memory_budget_mb=-1", "config.parallel.memory_budget_mb must be >= 0"),
+    ("--config.parallel.memory_budget_mb=0.01", "no checkpointing plan fits parallel.memory_budget_mb=0.01"),
 ])
 def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
     result = run_train(tmp_path / "run", override)
@@ -333,6 +335,18 @@ def test_resume_without_checkpoint_and_fresh_run_over_checkpoints(tmp_path):
     result = run_train(tmp_path, "--config.num_steps=5", "--config.parallel.mode=none")
     assert result.returncode == 1 and "already holds checkpoints" in result.stderr
     assert tree_hash(tmp_path / "checkpoints") == before
+
+
+def test_memory_budget_trains_with_the_plan_the_search_chose(tmp_path, capsys):
+    c = load_config("digits")
+    c.num_steps, c.parallel.mode, c.parallel.memory_budget_mb = 2, "none", 1e4
+    summary = train_and_evaluate(c, tmp_path)
+    assert summary["steps"] == 2
+    out = capsys.readouterr().out
+    assert "memory search: budget 10,000.0 MiB" in out and "chosen: remat=none, spike_residuals=float" in out
+    c.parallel.remat = "units"
+    with pytest.raises(ValueError, match="memory_budget_mb > 0 lets the memory search choose parallel.remat"):
+        validate(c)
 
 
 def test_validate_rejects_bad_values():

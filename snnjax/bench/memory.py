@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from flax import nnx
 
     from snnjax.models import create_model, remat
+    from snnjax.train import memory_estimate as me
     from snnjax.train import memory_search as ms
     from snnjax.train.step import StepConfig, TrainState, split_model
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     abstract = nnx.eval_shape(lambda: create_model(args.model, kwargs, rngs=nnx.Rngs(0)))
     batch_spec = {"inputs": jax.ShapeDtypeStruct(shape, jnp.float32),
                   "labels": jax.ShapeDtypeStruct((args.batch_size,), jnp.int32)}
-    compile_for = ms.step_compiler(abstract, cfg, tx, batch_spec)
+    compile_for = ms.step_compiler(abstract, cfg, tx, batch_spec, analysis_only=False)
     rng = np.random.default_rng(0)
     batch = {"inputs": jnp.asarray((rng.random(shape) < 0.3).astype(np.float32) * 2.0),
              "labels": jnp.asarray(rng.integers(0, 10, args.batch_size), jnp.int32)}
@@ -92,12 +93,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         append_jsonl(args.out, rec)
         records.append(rec)
     if args.budget_mb is not None:
-        result = ms.search(compile_for, int(args.budget_mb * 2**20))
+        params = nnx.state(abstract, nnx.Param)
+        state_spec = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=None, model_state=None,
+                                opt_state=jax.eval_shape(tx.init, params))
+        result = ms.search_model(abstract, batch_spec["inputs"], ms.step_compiler(abstract, cfg, tx, batch_spec),
+                                 int(args.budget_mb * 2**20),
+                                 me.step_base_bytes(state_spec, batch_spec))
         print(result.summary(), flush=True)
         chosen = result.chosen
         rec = {**base, "search": True, "budget_bytes": result.budget_bytes, "optimize_ms": round(result.optimize_ms),
+               "compile_ms": round(result.compile_ms), "choose_ms": round(result.optimize_ms - result.compile_ms),
                "chosen": chosen.candidate.describe() if chosen else None,
-               "chosen_peak_bytes": chosen.peak_bytes if chosen else None, "candidates_compiled": len(result.tried)}
+               "chosen_peak_bytes": chosen.peak_bytes if chosen else None,
+               "chosen_estimate_bytes": chosen.estimate_bytes if chosen else None,
+               "candidates": result.num_candidates, "candidates_compiled": len(result.tried),
+               "calibration": round(result.calibration, 3)}
         print(rec, flush=True)
         append_jsonl(args.out, rec)
         records.append(rec)

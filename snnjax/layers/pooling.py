@@ -4,11 +4,11 @@ Padding follows torch: max pooling pads with -inf, average pooling here is
 unpadded (``count_include_pad`` is irrelevant without padding).
 
 Max pooling's gradient goes to the first maximum of each window (row-major), as
-XLA's ``select_and_scatter`` does. Under a parallel plan the backward is written
-with strided slices and pads instead (``_max_pool_split``), because XLA's SPMD
-partitioner gathers a ``select_and_scatter``'s operand whole (the batch, or the
-channels under tensor parallelism) onto every device; the result is the same.
-Whether a plan is active is the layout context's ``is_partitioned()`` (``snnjax.parallel.logical``).
+XLA's ``select_and_scatter`` and torch do. It is written with strided slices and
+pads and keeps only the winning cell of each window (int8): XLA:CPU's
+``select_and_scatter`` takes about 9x the activation in temporaries, and XLA's SPMD
+partitioner gathers its operand whole (the batch, or the channels under tensor
+parallelism) onto every device.
 """
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-from snnjax.parallel.logical import is_partitioned
 
 
 def _window(x, k, s):
@@ -34,51 +32,70 @@ def avg_pool2d(x: jax.Array, kernel_size: int, stride: int | None = None) -> jax
 
 
 def max_pool2d(x: jax.Array, kernel_size: int, stride: int | None = None, padding: int = 0) -> jax.Array:
-    """Max over windows with symmetric ``padding`` (padded cells never win)."""
-    stride = stride or kernel_size
-    if is_partitioned():
-        return _max_pool_split(x, kernel_size, stride, padding)
-    return _max_pool(x, kernel_size, stride, padding)
+    """Max over windows with symmetric ``padding`` (padded cells never win); the gradient goes to the first
+    maximum of each window in row-major order, as torch's does."""
+    return _max_pool_taps(x, kernel_size, stride or kernel_size, padding, x.shape)
 
 
 def _max_pool(x, k, s, p):
+    """The reference: XLA's ``reduce_window`` (its gradient is a ``select_and_scatter``)."""
     dims, strides = _window(x, k, s)
     pads = [(0, 0)] * (x.ndim - 3) + [(p, p), (p, p), (0, 0)]
     return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, dims, strides, pads)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _max_pool_split(x, k, s, p):
+def _pad_hw(x, value, hw_pads):
+    """``x [..., H, W, C]`` padded (or cropped, for negative widths) by ``hw_pads = ((lo, hi), (lo, hi))``."""
+    config = [(0, 0, 0)] * (x.ndim - 3) + [(lo, hi, 0) for lo, hi in hw_pads] + [(0, 0, 0)]
+    return jax.lax.pad(x, jnp.array(value, x.dtype), config)
+
+
+# XLA:CPU expands reduce_window's select_and_scatter gradient into a scatter with int32 index tensors: about
+# 9x the activation in temporaries and 2-4x slower (Spikformer's 224x224 stem, VGG). Here the forward keeps the
+# winning cell of each window as int8, and the backward builds the input gradient phase by phase (the input
+# cells with the same position modulo the stride), each phase a sum of shifted output-sized tensors, so no
+# input-sized temporary beyond the result is needed; the same ops partition under SPMD, where a
+# select_and_scatter's operand would be gathered whole.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _max_pool_taps(x, k, s, p, shape):
     return _max_pool(x, k, s, p)
 
 
-def _max_pool_split_fwd(x, k, s, p):
+def _max_pool_taps_fwd(x, k, s, p, shape):
     y = _max_pool(x, k, s, p)
-    return y, (x, y)
-
-
-def _max_pool_split_bwd(k, s, p, res, g):
-    x, y = res
-    lead = [(0, 0, 0)] * (x.ndim - 3)
-    xp = jax.lax.pad(x, jnp.array(-jnp.inf, x.dtype), lead + [(p, p, 0), (p, p, 0), (0, 0, 0)])
-    hp, wp = xp.shape[-3:-1]
     ho, wo = y.shape[-3:-1]
-    taken = jnp.zeros(y.shape, bool)
-    dxp = jnp.zeros(xp.shape, g.dtype)
-    zero = jnp.array(0, g.dtype)
-    for i in range(k):
-        for j in range(k):
-            window = xp[..., i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s, :]
-            hit = (window == y) & ~taken  # the first maximum of each window, in row-major order
-            taken = taken | hit
-            contrib = jnp.where(hit, g, zero)
-            dxp = dxp + jax.lax.pad(contrib, zero, lead + [(i, hp - i - s * (ho - 1) - 1, s - 1),
-                                                          (j, wp - j - s * (wo - 1) - 1, s - 1), (0, 0, 0)])
-    h, w = x.shape[-3:-1]
+    xp = _pad_hw(x, -jnp.inf, ((p, p), (p, p)))
+    tap = jnp.full(y.shape, k * k - 1, jnp.int8)
+    for t in reversed(range(k * k - 1)):  # the first cell (row-major) that holds the maximum
+        i, j = divmod(t, k)
+        view = xp[..., i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s, :]
+        tap = jnp.where(view == y, jnp.int8(t), tap)
+    return y, tap
+
+
+def _max_pool_taps_bwd(k, s, p, shape, tap, g):
+    (ho, wo), (h, w) = g.shape[-3:-1], shape[-3:-1]
+    qh, qw = -(-(h + 2 * p) // s), -(-(w + 2 * p) // s)  # rows / columns of each phase
+    zero = jnp.zeros((), g.dtype)
+    rows = []
+    for ri in range(s):
+        cols = []
+        for rj in range(s):
+            # padded cell (s*a + ri, s*b + rj) is cell (i, j) of window (a - (i - ri)/s, b - (j - rj)/s)
+            phase = jnp.zeros(g.shape[:-3] + (qh, qw, g.shape[-1]), g.dtype)
+            for i in range(ri, k, s):
+                for j in range(rj, k, s):
+                    di, dj = (i - ri) // s, (j - rj) // s
+                    part = jnp.where(tap == i * k + j, g, zero)
+                    phase = phase + _pad_hw(part, 0, ((di, qh - ho - di), (dj, qw - wo - dj)))
+            cols.append(phase)
+        rows.append(jnp.stack(cols, axis=-2))  # [..., qh, qw, s, C]
+    grid = jnp.stack(rows, axis=-4)  # [..., qh, s, qw, s, C]
+    dxp = grid.reshape(g.shape[:-3] + (qh * s, qw * s, g.shape[-1]))
     return (dxp[..., p:p + h, p:p + w, :],)
 
 
-_max_pool_split.defvjp(_max_pool_split_fwd, _max_pool_split_bwd)
+_max_pool_taps.defvjp(_max_pool_taps_fwd, _max_pool_taps_bwd)
 
 
 class AvgPool2d(nnx.Module):

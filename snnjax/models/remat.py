@@ -16,7 +16,7 @@ that consumes spikes keeps them: it applies under every policy (under ``none`` t
 neuron keep int8 or bits instead of floats).
 
     configure(model, remat="spikes", spike_residuals="bits")
-    configure(model, remat={"blocks.0": "units", "stem": "spikes"})   # per unit, the rest "none"
+    configure(model, remat={"blocks.0": "units", "stages.0": "spikes"})   # per unit, the rest "none"
 
 Settings are static attributes of the model (they are in its graphdef), so a step traced with a
 configured model compiles with them. Checkpointing never changes the values computed: loss and

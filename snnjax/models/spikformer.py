@@ -17,6 +17,8 @@ stem alternates likewise; the positional-encoding conv and the head stay whole.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -168,11 +170,16 @@ class Spikformer(nnx.Module):
                                   param_dtype=param_dtype, axes=("embed", "classes"))
 
     def units(self) -> list[Unit]:
-        """The stem (patch stages and positional encoding, to tokens ``[T, N, L, D]``), each block, the head."""
+        """Each patch stage (``stages.i``), the positional encoding (to tokens ``[T, N, L, D]``), each block,
+        the head: the patch stages at full resolution hold most of the activations, so each is its own unit."""
+        stages = [remat.unit(self, f"stages.{i}", (f"stages.{i}",), stage,
+                              functools.partial(_first_stage, self.T) if i == 0 else _call)
+                  for i, stage in enumerate(self.stages)]
+        encoding = remat.unit(self, "positional_encoding", ("positional_encoding",), self.positional_encoding,
+                              _encode_positions)
         blocks = [remat.unit(self, f"blocks.{i}", (f"blocks.{i}",), block, _call)
                   for i, block in enumerate(self.blocks)]
-        return ([remat.unit(self, "stem", ("stages", "positional_encoding"), self, _stem)] + blocks
-                + [remat.unit(self, "head", ("head",), self.head, _head)])
+        return stages + [encoding] + blocks + [remat.unit(self, "head", ("head",), self.head, _head)]
 
     def spike_inputs(self) -> list[tuple[nnx.Module, str]]:
         """The layers that consume spikes (``snnjax.models.remat``): the stem's convs after the first, the
@@ -185,17 +192,6 @@ class Spikformer(nnx.Module):
                     (b.mlp.fc1.fc, "counts"), (b.mlp.fc2.fc, "binary")]
         return out
 
-    def _stem(self, x: jax.Array) -> jax.Array:
-        if x.ndim == 4:
-            x = jnp.broadcast_to(x[None], (self.T,) + x.shape)
-        elif x.ndim != 5:
-            raise ValueError(f"expected [N, H, W, C] or [T, N, H, W, C] input, got shape {x.shape}")
-        for stage in self.stages:
-            x = stage(x)
-        x = x + self.positional_encoding(x)
-        t, n, h, w, d = x.shape
-        return x.reshape(t, n, h * w, d)
-
     def __call__(self, x: jax.Array) -> jax.Array:
         return run_units(self.units(), x)
 
@@ -204,8 +200,20 @@ def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
     return module(x)
 
 
-def _stem(model: Spikformer, x: jax.Array) -> jax.Array:
-    return model._stem(x)
+def _first_stage(T: int, stage: ConvBNLIF, x: jax.Array) -> jax.Array:
+    """The first patch stage on ``[T, N, H, W, C]``, or on a static image ``[N, H, W, C]`` repeated ``T`` times."""
+    if x.ndim == 4:
+        x = jnp.broadcast_to(x[None], (T,) + x.shape)
+    elif x.ndim != 5:
+        raise ValueError(f"expected [N, H, W, C] or [T, N, H, W, C] input, got shape {x.shape}")
+    return stage(x)
+
+
+def _encode_positions(encoding: ConvBNLIF, x: jax.Array) -> jax.Array:
+    """``x + encoding(x)`` on ``[T, N, H, W, D]``, flattened to tokens ``[T, N, H * W, D]``."""
+    x = x + encoding(x)
+    t, n, h, w, d = x.shape
+    return x.reshape(t, n, h * w, d)
 
 
 def _head(head: nnx.Module, x: jax.Array) -> jax.Array:

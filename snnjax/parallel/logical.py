@@ -35,8 +35,6 @@ code changes with the layout:
   maps logical names onto the mesh (a no-op without rules, so the same model code
   runs unsharded, in tests and in notebooks); ``batch_is_split()`` makes
   ``layers.conv.Conv2d`` merge ``[T, N]`` as ``[N*T]`` so a split batch stays split;
-  ``is_partitioned()`` makes ``layers.pooling.max_pool2d`` use a backward the SPMD
-  partitioner can split;
 * JAX's own mesh context (``jax.sharding.use_abstract_mesh``), which
   ``snnjax.neurons.dispatch`` reads through ``jax.sharding.get_abstract_mesh()`` to
   choose the neuron implementation.
@@ -107,12 +105,6 @@ def activation_rules(mesh: Mesh, rules: Mapping[str, str | tuple[str, ...] | Non
         yield
     finally:
         _ACTIVE.reset(token)
-
-
-def is_partitioned() -> bool:
-    """Whether a plan over more than one device is active (while its step is traced)."""
-    active = _ACTIVE.get()
-    return active is not None and active[0].size > 1
 
 
 def batch_is_split() -> bool:

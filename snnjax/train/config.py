@@ -83,10 +83,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.parallel.objective = "speed"  # what mode=auto optimises: speed or memory
     c.parallel.min_shard_size = 0  # parameters with fewer elements stay unsharded by FSDP / ZeRO
     # Activation checkpointing per model unit (snnjax/models/remat.py): none, units, dots_saveable or spikes for
-    # every unit, or per unit as "stem=units,blocks.0=spikes" (the others none); and how layers after a neuron
+    # every unit, or per unit as "stages.0=units,blocks.0=spikes" (the others none); and how layers after a neuron
     # keep their spike inputs for the backward: float, int8 or bits
     c.parallel.remat = "none"
     c.parallel.spike_residuals = "float"
+    # > 0: the memory search (snnjax/train/memory_search.py) picks the fastest checkpointing plan (policy per unit,
+    # spike storage) whose compiled peak per device fits this many MiB; parallel.remat must then stay "none"
+    c.parallel.memory_budget_mb = 0.0
     # mode=pp: a pipeline over the mesh axis stage (e.g. mesh=stage=2,data=-1); each stage uses the other axes
     c.parallel.pp = ml_collections.ConfigDict()
     c.parallel.pp.schedule = "1f1b"  # gpipe, 1f1b, interleaved, zero_bubble
@@ -127,6 +130,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check_time_axis(c)
     _check_pipeline(c)
     remat_settings(c)
+    _positive("parallel.memory_budget_mb", c.parallel.memory_budget_mb, zero_ok=True)
+    if c.parallel.memory_budget_mb > 0 and (str(c.parallel.remat).strip() != "none"
+                                            or c.parallel.spike_residuals != "float"):
+        raise ValueError("config.parallel.memory_budget_mb > 0 lets the memory search choose parallel.remat and "
+                         "parallel.spike_residuals; leave those at 'none' / 'float', or set memory_budget_mb=0")
+    if c.parallel.memory_budget_mb > 0 and c.parallel.mode == "pp":
+        raise ValueError("config.parallel.memory_budget_mb is not searched with mode=pp yet; set parallel.remat "
+                         "per unit instead (e.g. --config.parallel.remat=units)")
     check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
     unknown = sorted(set(c.data.options.keys()) - set(OPTION_TYPES))
     if unknown:

@@ -24,6 +24,7 @@ Faults a long run meets:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import signal
@@ -45,7 +46,7 @@ from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import config as config_lib
-from snnjax.train import faults
+from snnjax.train import faults, memory_estimate, memory_search
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
@@ -140,11 +141,7 @@ class Trainer:
         model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
                              dtype=dtype, param_dtype=param_dtype)
         remat.configure(model, config_lib.remat_settings(c))
-        graphdef, params, rngs, rest = split_model(model)
         self.tx, self.schedule = make_optimizer(c, self.total_steps)
-        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                           opt_state=self.tx.init(params))
-        self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.plan = parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
                                   mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
                                   sequence_parallel=c.parallel.sequence_parallel,
@@ -153,16 +150,55 @@ class Trainer:
                                   time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks,
                                   **_pipeline_args(c, train_src, dtype))
         self.mesh = self.plan.mesh
+        self.memory_search = None
 
         step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
                               skip_nonfinite=c.nonfinite == "skip")
+        if c.parallel.memory_budget_mb > 0:
+            self.memory_search = self._search_memory(model, step_cfg, train_src, dtype)
+        graphdef, params, rngs, rest = split_model(model)
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
+                           opt_state=self.tx.init(params))
+        self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx)
         self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
+
+    def _search_memory(self, model: nnx.Module, step_cfg: StepConfig, source, dtype):
+        """Configure ``model`` with the fastest checkpointing plan whose compiled peak per device fits
+        ``parallel.memory_budget_mb`` (``snnjax.train.memory_search``), for each device's share of a microbatch."""
+        c = self.c
+        shards = self.plan.axis_sizes.get("data", 1) * self.plan.axis_sizes.get("fsdp", 1)
+        rows = c.global_batch_size // c.grad_accum_steps // shards
+        data = DataShape.of(source, c.data.time_steps)
+        lead = (data.time_steps, rows) if self.time_major else (rows,)
+        batch = {"inputs": jax.ShapeDtypeStruct((*lead, *data.frame_shape), jnp.float32),
+                 "labels": jax.ShapeDtypeStruct((rows,), jnp.int32)}
+        abstract = nnx.eval_shape(lambda: create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(0),
+                                                       dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64"
+                                                       else jnp.float32))
+        params = nnx.state(abstract, nnx.Param)
+        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=None, model_state=None,
+                           opt_state=jax.eval_shape(self.tx.init, params))
+        inputs = batch["inputs"] if self.time_major else jax.ShapeDtypeStruct(
+            (c.data.time_steps, rows, *data.frame_shape), dtype)
+        result = memory_search.search_model(
+            abstract, inputs, memory_search.step_compiler(abstract, dataclasses.replace(step_cfg, grad_accum_steps=1),
+                                                          self.tx, batch),
+            int(c.parallel.memory_budget_mb * 2**20), memory_estimate.step_base_bytes(state, batch))
+        self._log(result.summary() + (f" (per device: {rows} of the {c.global_batch_size} examples per step)"
+                                      if shards > 1 or c.grad_accum_steps > 1 else ""))
+        if result.chosen is None:
+            raise ValueError(f"no checkpointing plan fits parallel.memory_budget_mb={c.parallel.memory_budget_mb:g} "
+                             f"(the smallest compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.0f} "
+                             "MiB per device): raise the budget, lower global_batch_size or raise grad_accum_steps, "
+                             "or shard over more devices")
+        remat.configure(model, result.chosen.candidate.settings)
+        return result
 
     # -- checkpoints -------------------------------------------------------------------------
 
