@@ -58,18 +58,23 @@ def _pad_hw(x, value, hw_pads):
 # select_and_scatter's operand would be gathered whole.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
 def _max_pool_taps(x, k, s, p, shape):
-    return _max_pool(x, k, s, p)
+    return _max_pool_taps_fwd(x, k, s, p, shape)[0]
 
 
 def _max_pool_taps_fwd(x, k, s, p, shape):
-    y = _max_pool(x, k, s, p)
-    ho, wo = y.shape[-3:-1]
     xp = _pad_hw(x, -jnp.inf, ((p, p), (p, p)))
-    tap = jnp.full(y.shape, k * k - 1, jnp.int8)
-    for t in reversed(range(k * k - 1)):  # the first cell (row-major) that holds the maximum
+    ho, wo = (xp.shape[-3] - k) // s + 1, (xp.shape[-2] - k) // s + 1
+    y, tap = None, None
+    # The maximum is selected from the window cells themselves, so its cell is exact even where XLA fuses the
+    # producer into each slice (comparing with a separately computed maximum can miss by an ulp).
+    for t in range(k * k):
         i, j = divmod(t, k)
         view = xp[..., i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s, :]
-        tap = jnp.where(view == y, jnp.int8(t), tap)
+        if y is None:
+            y, tap = view, jnp.zeros(view.shape, jnp.int8)
+            continue
+        wins = (view > y) | (jnp.isnan(view) & ~jnp.isnan(y))  # strictly greater: the first maximum stays
+        y, tap = jnp.where(wins, view, y), jnp.where(wins, jnp.int8(t), tap)
     return y, tap
 
 
