@@ -9,7 +9,7 @@ from flax import nnx
 from snnjax.models import create_model
 from snnjax.train import memory_estimate as me
 from snnjax.train import memory_search as ms
-from snnjax.train.step import StepConfig, TrainState
+from snnjax.train.step import StepConfig
 
 SHAPE = (8, 16, 8, 8, 2)
 
@@ -20,10 +20,7 @@ def setup(x32_module):
     model = nnx.eval_shape(lambda: create_model("cifar10dvs_vgg", kwargs, rngs=nnx.Rngs(0)))
     batch = {"inputs": jax.ShapeDtypeStruct(SHAPE, jnp.float32), "labels": jax.ShapeDtypeStruct((16,), jnp.int32)}
     cfg, tx = StepConfig(seed=0, time_steps=8, encoder=None), optax.adam(1e-3)
-    params = nnx.state(model, nnx.Param)
-    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=None, model_state=None,
-                       opt_state=jax.eval_shape(tx.init, params))
-    base = me.step_base_bytes(state, batch)
+    base = me.step_base_bytes(ms.abstract_state(model, tx), batch)
     units = me.profile_units(model, batch["inputs"], "bits")
     float_units = me.profile_units(model, batch["inputs"], "float", policies=("none",))
     plans = ms.candidates(units, float_units, base)

@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from flax import nnx
 
     from snnjax.models import create_model, remat
-    from snnjax.train import memory_estimate as me
     from snnjax.train import memory_search as ms
     from snnjax.train.step import StepConfig, TrainState, split_model
 
@@ -93,12 +92,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         append_jsonl(args.out, rec)
         records.append(rec)
     if args.budget_mb is not None:
-        params = nnx.state(abstract, nnx.Param)
-        state_spec = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=None, model_state=None,
-                                opt_state=jax.eval_shape(tx.init, params))
-        result = ms.search_model(abstract, batch_spec["inputs"], ms.step_compiler(abstract, cfg, tx, batch_spec),
-                                 int(args.budget_mb * 2**20),
-                                 me.step_base_bytes(state_spec, batch_spec))
+        result = ms.search_model(abstract, cfg, tx, batch_spec, int(args.budget_mb * 2**20))
         print(result.summary(), flush=True)
         chosen = result.chosen
         rec = {**base, "search": True, "budget_bytes": result.budget_bytes, "optimize_ms": round(result.optimize_ms),

@@ -46,7 +46,7 @@ from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import config as config_lib
-from snnjax.train import faults, memory_estimate, memory_search
+from snnjax.train import faults, memory_search
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
@@ -178,18 +178,10 @@ class Trainer:
         lead = (data.time_steps, rows) if self.time_major else (rows,)
         batch = {"inputs": jax.ShapeDtypeStruct((*lead, *data.frame_shape), jnp.float32),
                  "labels": jax.ShapeDtypeStruct((rows,), jnp.int32)}
-        abstract = nnx.eval_shape(lambda: create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(0),
-                                                       dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64"
-                                                       else jnp.float32))
-        params = nnx.state(abstract, nnx.Param)
-        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=None, model_state=None,
-                           opt_state=jax.eval_shape(self.tx.init, params))
-        inputs = batch["inputs"] if self.time_major else jax.ShapeDtypeStruct(
-            (c.data.time_steps, rows, *data.frame_shape), dtype)
-        result = memory_search.search_model(
-            abstract, inputs, memory_search.step_compiler(abstract, dataclasses.replace(step_cfg, grad_accum_steps=1),
-                                                          self.tx, batch),
-            int(c.parallel.memory_budget_mb * 2**20), memory_estimate.step_base_bytes(state, batch))
+        inputs = None if self.time_major else jax.ShapeDtypeStruct((c.data.time_steps, rows, *data.frame_shape),
+                                                                   dtype)
+        result = memory_search.search_model(model, dataclasses.replace(step_cfg, grad_accum_steps=1), self.tx, batch,
+                                            int(c.parallel.memory_budget_mb * 2**20), inputs=inputs)
         self._log(result.summary() + (f" (per device: {rows} of the {c.global_batch_size} examples per step)"
                                       if shards > 1 or c.grad_accum_steps > 1 else ""))
         if result.chosen is None:

@@ -12,8 +12,8 @@ its own backward (recomputing its forward first under a checkpoint policy). Elem
 as separate values here while XLA fuses them, so the liveness peak tends to be above the compiled one;
 ``memory_search`` compiles the chosen plan and reads its true peak.
 
-Units with the same parameter shapes and input shape are the same program (a transformer's blocks) and
-are traced once.
+Units whose modules have the same structure (graph definitions) and whose inputs have the same shape are
+the same program (a transformer's blocks) and are traced once.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax.models import remat
-from snnjax.parallel.variables import flat_vars, fresh, owner
+from snnjax.parallel.variables import fresh
 
 POLICIES = ("none", "units")  # what the search chooses per unit (spikes and dots_saveable keep about as much)
 
@@ -125,15 +125,16 @@ def profile_units(model: nnx.Module, input_spec: jax.ShapeDtypeStruct, spike_res
         remat.configure(model, before)
 
 
+def _submodule(model: nnx.Module, path: str) -> nnx.Module:
+    for part in path.split("."):
+        model = model[int(part)] if part.isdigit() else getattr(model, part)
+    return model
+
+
 def _profile(model, input_spec, storage, policies):
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     names = [u.name for u in model.units()]
-    groups = [u.owns for u in model.units()]
-    owned = [[] for _ in names]
-    for path, var in flat_vars(params):
-        owned[owner(groups, path)].append(tuple(var.shape))
     out: list[dict[str, UnitMemory]] = [{} for _ in names]
-    cache: dict[tuple, tuple[int, int, float]] = {}
+    cache: dict[tuple, tuple[int, int, float, jax.ShapeDtypeStruct]] = {}
     for policy in policies:
         remat.configure(model, remat.MemorySettings(policy, (), storage))
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -142,18 +143,20 @@ def _profile(model, input_spec, storage, policies):
             def run(p, r, x, i=i, graphdef=graphdef):
                 return nnx.merge(graphdef, p, fresh(r)).units()[i](x)
 
-            y = jax.eval_shape(run, params, rest, x)
-            kind = "".join(ch for ch in name if not ch.isdigit())  # blocks.0 and blocks.3 are one program
-            key = (policy, kind, tuple(owned[i]), x.shape, str(x.dtype))
+            # the owned modules' structure and shapes (with their settings) and the input decide the program
+            owned = tuple(nnx.graphdef(_submodule(model, path)) for path in model.units()[i].owns)
+            key = (policy, name.rstrip("0123456789"), owned, x.shape, str(x.dtype))
             if key not in cache:
-                cache[key] = _trace_unit(run, params, rest, x, y)
-            kept, peak, flops = cache[key]
+                cache[key] = _trace_unit(run, params, rest, x)
+            kept, peak, flops, x = cache[key]
             out[i][policy] = UnitMemory(name, policy, kept, peak, flops)
-            x = y
     return out
 
 
-def _trace_unit(run, params, rest, x, y) -> tuple[int, int, float]:
+def _trace_unit(run, params, rest, x) -> tuple[int, int, float, jax.ShapeDtypeStruct]:
+    """``(kept bytes, peak bytes, forward flops, output)`` of one unit: its VJP's residuals (parameters
+    excluded), the liveness peak of its forward + backward less parameters and their gradients, the flops
+    of its forward (the primal part of the VJP's trace) and the shape of its output."""
     def forward(p, r, x):
         return jax.vjp(lambda p, x: run(p, r, x), p, x)
 
@@ -162,19 +165,20 @@ def _trace_unit(run, params, rest, x, y) -> tuple[int, int, float]:
         return vjp(ct)
 
     fwd = jax.make_jaxpr(forward)(params, rest, x).jaxpr
+    y = fwd.outvars[0].aval
     n_params = len(jax.tree.leaves(params))
     inputs = set(fwd.invars[:n_params])
     kept, seen = 0, set()
-    for v in fwd.outvars[len(jax.tree.leaves(y)):]:
+    for v in fwd.outvars[1:]:
         if isinstance(v, jax.extend.core.Literal) or v in inputs or v in seen:
             continue
         seen.add(v)
         kept += nbytes(v.aval)
-    ct = jax.ShapeDtypeStruct(y.shape, y.dtype)
-    both = jax.make_jaxpr(forward_backward)(params, rest, x, ct).jaxpr
+    y = jax.ShapeDtypeStruct(y.shape, y.dtype)
+    both = jax.make_jaxpr(forward_backward)(params, rest, x, y).jaxpr
     param_bytes = sum(nbytes(v.aval) for v in both.invars[:n_params])
     grads = sum(nbytes(v.aval) for v in both.outvars[:n_params])
-    return kept, live_peak(both) - param_bytes - grads, _flops(jax.make_jaxpr(run)(params, rest, x).jaxpr)
+    return kept, live_peak(both) - param_bytes - grads, _flops(fwd), y
 
 
 def state_bytes(state: Any) -> int:

@@ -14,11 +14,12 @@
    optimisation off: the HLO passes and the buffer assignment, hence the memory analysis, are the same
    (checked in the tests), and compiling takes about 25% less.
 
-    result = search(model, input_spec, compile_for, budget_bytes=1300 * 2**20, base_bytes=...)
+    result = search_model(model, step_config, optimizer, batch_spec, budget_bytes=1300 * 2**20)
     print(result.summary())
 
-``compile_for(candidate)`` returns the compiled step for a ``Candidate`` (``step_compiler`` builds one
-for a model and a batch shape); ``optimize_ms`` is the search's time, ``compile_ms`` the part spent compiling.
+``search(plans, compile_for, budget)`` is the loop on its own: ``compile_for(candidate)`` returns the
+compiled step for a ``Candidate`` (``step_compiler`` builds one for a model and a batch shape);
+``optimize_ms`` is the search's time, ``compile_ms`` the part spent compiling.
 """
 from __future__ import annotations
 
@@ -180,14 +181,26 @@ def search(plans: Sequence[Planned], compile_for: Callable[[Candidate], Any], bu
                         calibration, len(plans))
 
 
-def search_model(model, input_spec: jax.ShapeDtypeStruct, compile_for: Callable[[Candidate], Any],
-                 budget_bytes: int, base_bytes: int, offload: bool = False) -> SearchResult:
-    """Profile ``model``'s units on inputs like ``input_spec`` and ``search`` its candidates (timed as one)."""
+def search_model(model, cfg, tx, batch: dict[str, Any], budget_bytes: int, *, inputs=None,
+                 offload: bool = False) -> SearchResult:
+    """Profile ``model``'s units and ``search`` its candidates (timed as one) for train steps with ``cfg`` and
+    optimizer ``tx`` on ``batch`` (``jax.ShapeDtypeStruct``s; ``inputs``: what the model sees, ``[T, N, ...]``,
+    where the step encodes ``batch["inputs"]`` first). ``model`` may be abstract; it ends configured as the
+    last compiled candidate."""
     t0 = time.perf_counter()
-    units = me.profile_units(model, input_spec, "bits")
-    float_units = me.profile_units(model, input_spec, "float", policies=("none",))
-    plans = candidates(units, float_units, base_bytes, offload)
-    return search(plans, compile_for, budget_bytes, started=t0)
+    inputs = batch["inputs"] if inputs is None else inputs
+    units = me.profile_units(model, inputs, "bits")
+    float_units = me.profile_units(model, inputs, "float", policies=("none",))
+    plans = candidates(units, float_units, me.step_base_bytes(abstract_state(model, tx), batch), offload)
+    return search(plans, step_compiler(model, cfg, tx, batch), budget_bytes, started=t0)
+
+
+def abstract_state(model, tx) -> TrainState:
+    """``model``'s ``TrainState`` (optimizer ``tx``) as ``jax.ShapeDtypeStruct``s."""
+    _, params, rngs, rest = split_model(model)
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=rngs, model_state=rest,
+                       opt_state=jax.eval_shape(tx.init, params))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
 
 
 ANALYSIS_OPTIONS = {"xla_backend_optimization_level": 0}  # what the memory and cost analyses read is unchanged
@@ -201,10 +214,8 @@ def step_compiler(model, cfg, tx, batch: dict[str, Any], *, analysis_only: bool 
     """
     def compile_for(candidate: Candidate):
         remat.configure(model, candidate.settings)
-        graphdef, params, rngs, rest = split_model(model)
-        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                           opt_state=jax.eval_shape(tx.init, params))
-        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+        graphdef = split_model(model)[0]
+        state = abstract_state(model, tx)
         shardings = offload_lib.state_shardings(state, candidate.offload)
         step_fn = offload_lib.wrap_step(functools.partial(train_step, cfg, graphdef, tx), candidate.offload)
         step = jax.jit(step_fn, donate_argnums=0,
