@@ -9,6 +9,7 @@ from flax import nnx
 from snnjax.models import create_model
 from snnjax.train import memory_estimate as me
 from snnjax.train import memory_search as ms
+from snnjax.train import pipeline_memory as pm
 from snnjax.train.step import StepConfig
 
 SHAPE = (8, 16, 8, 8, 2)
@@ -29,13 +30,21 @@ def setup(x32_module):
 
 def test_live_peak_counts_values_from_definition_to_last_use():
     def f(x):  # x: 4 KiB; a and b live together, then c replaces them
-        a = jnp.sin(x)
-        b = jnp.cos(x)
-        c = a * b
+        a = jnp.cumsum(x)
+        b = jnp.cumsum(a)
+        c = jnp.sort(a * b)
         return jnp.sum(c)
 
     jaxpr = jax.make_jaxpr(f)(jnp.zeros(1024, jnp.float32)).jaxpr
-    assert me.live_peak(jaxpr) == 4096 * 4  # x, a, b and c while c is written
+    assert me.live_peak(jaxpr) == 4096 * 4  # x, a, b and a * b while a * b is written
+
+
+def test_live_peak_takes_elementwise_chains_as_fused():
+    def f(x):  # sin and cos fuse into the product, which the sort needs in memory
+        return jnp.sort(jnp.sin(x) * jnp.cos(x))
+
+    jaxpr = jax.make_jaxpr(f)(jnp.zeros(1024, jnp.float32)).jaxpr
+    assert me.live_peak(jaxpr) == 4096 * 3  # x, the product and the sorted copy
 
 
 def test_candidates_start_without_checkpointing_and_recompute_more_and_more(setup):
@@ -46,6 +55,19 @@ def test_candidates_start_without_checkpointing_and_recompute_more_and_more(setu
     assert flops == sorted(flops) and flops[-1] > 0
     assert plans[-1].estimate_bytes < plans[1].estimate_bytes <= plans[0].estimate_bytes
     assert len({p.candidate.describe() for p in plans}) == len(plans)
+
+
+def test_offloaded_candidates_follow_every_checkpointing_plan(setup):
+    model, _, tx, batch, plans, _ = setup
+    units = me.profile_units(model, batch["inputs"], "bits")
+    float_units = me.profile_units(model, batch["inputs"], "float", policies=("none",))
+    both = ms.candidates(units, float_units, 10**6, ("none", "opt_state"), offloaded_bytes=1000)
+    n = len(plans)
+    assert [p.candidate.offload for p in both] == ["none"] * n + ["opt_state"] * n
+    for kept, offloaded in zip(both[:n], both[n:], strict=True):
+        assert offloaded.candidate.settings == kept.candidate.settings
+        assert offloaded.estimate_bytes == kept.estimate_bytes - 1000
+        assert offloaded.candidate.describe() == kept.candidate.describe() + ", offload=opt_state"
 
 
 def test_search_chooses_the_first_that_fits_by_its_compiled_peak(setup):
@@ -74,3 +96,36 @@ def test_analysis_compile_reads_the_same_memory_and_cost_as_the_real_one(setup):
     for plan in (plans[0], plans[-1]):
         a, b = ms.measure(compile_for, plan.candidate), ms.measure(real, plan.candidate)
         assert (a.peak_bytes, a.temp_bytes, a.flops) == (b.peak_bytes, b.temp_bytes, b.flops)
+
+
+class _Compiled:
+    """What ``memory_search.measure`` reads of a compiled step, for a given peak."""
+
+    def __init__(self, peak):
+        self.peak = peak
+
+    def memory_analysis(self):
+        return type("Stats", (), dict(argument_size_in_bytes=0, output_size_in_bytes=0, alias_size_in_bytes=0,
+                                      temp_size_in_bytes=self.peak))()
+
+    def cost_analysis(self):
+        return {"flops": 1.0}
+
+
+def test_pipeline_search_orders_by_estimated_time_and_skips_what_a_miss_rules_out():
+    cands = pm.candidates([(4, 10.0), (2, 11.0), (8, 12.0)])
+    assert [(c.microbatches, c.settings.default) for c in cands[:4]] == [(4, "none"), (4, "none"), (2, "none"),
+                                                                          (2, "none")]
+    assert cands[-1].microbatches == 8 and cands[-1].settings.default == "units"  # 12 x 4/3 is the slowest
+    peaks = {(m, i): 1000 // m - 10 * i for m in (2, 4, 8) for i in range(3)}  # falls with M and along the plans
+    compiled = []
+
+    def compile_for(c):
+        compiled.append(c)
+        return _Compiled(peaks[c.microbatches, pm.PLANS.index(c.settings)])
+
+    result = pm.search(cands, compile_for, 120)
+    assert result.chosen.peak_bytes <= 120 and result.chosen.candidate.microbatches == 8
+    # (4, none/float) missed, so (2, none/float) and (2, none/bits)... with fewer microbatches are never compiled
+    assert all(not (c.microbatches <= 4 and pm.PLANS.index(c.settings) == 0) for c in compiled[1:])
+    assert len(compiled) < len(cands) and "8 microbatches" in result.summary()

@@ -2,7 +2,8 @@
 
 float64 on 8 host devices: spikes identical, states and gradients (x, v_init, PLIF's w) within 1e-12
 relative of the ``xla`` path on one device, for every neuron variant, with T split over ``time``
-(alone and beside data / tensor), explicit and automatic block counts.
+(alone and beside data / tensor), explicit and automatic block counts, each block computed by the
+``xla`` path or by the native CPU kernels (where no other mesh axis splits the activations).
 """
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ def _grads(fn, cfg, x, v0, w, weights, *, v_init: bool, seq: bool):
     return s, v, g
 
 
-def _sharded(mesh, cfg, x, v0, w, weights, blocks, **kw):
+def _sharded(mesh, cfg, x, v0, w, weights, blocks, kernel=None, **kw):
     def fn(cfg, x, v_init, w, *, return_v_seq):
-        return temporal.multistep(cfg, x, v_init, w, return_v_seq=return_v_seq, blocks=blocks)
+        return temporal.multistep(cfg, x, v_init, w, return_v_seq=return_v_seq, blocks=blocks, kernel=kernel)
 
     def run(x, v0, w, weights):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
@@ -71,18 +72,17 @@ def _sharded(mesh, cfg, x, v0, w, weights, blocks, **kw):
     return jax.jit(run)(xs, v0, w, weights)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-@pytest.mark.parametrize("mesh_spec,blocks,v_init,seq", [
-    ("time=8", 3, True, False),
-    ("time=2,data=2,tensor=2", 0, False, True),
-    ("time=4,data=2", 2, True, True),
-])
-def test_time_sharded_neuron_equals_unsharded(name, mesh_spec, blocks, v_init, seq):
-    cfg = VARIANTS[name]
-    mesh = mesh_lib.make_mesh(mesh_spec)
-    x, v0, w, weights = _inputs((16, 4, 6, 8), cfg)
+def _native_kernel():
+    impl = dispatch.IMPLEMENTATIONS["native"]
+    if not impl.available():
+        pytest.skip("the native CPU kernels cannot be built here")
+    return impl.kernel
+
+
+def _assert_equal_to_unsharded(cfg, mesh, blocks, v_init, seq, kernel=None, shape=(16, 4, 6, 8)):
+    x, v0, w, weights = _inputs(shape, cfg)
     ref = jax.jit(lambda *a: _grads(xla.multistep, cfg, *a, v_init=v_init, seq=seq))(x, v0, w, weights)
-    got = _sharded(mesh, cfg, x, v0, w, weights, blocks, v_init=v_init, seq=seq)
+    got = _sharded(mesh, cfg, x, v0, w, weights, blocks, kernel, v_init=v_init, seq=seq)
     assert float(jnp.sum(ref[0])) > 0, "no spikes: the case tests nothing"
     np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(ref[0]))  # spikes identical
     assert _rel(got[1], ref[1]) <= TOL
@@ -91,6 +91,58 @@ def test_time_sharded_neuron_equals_unsharded(name, mesh_spec, blocks, v_init, s
         if label == "v_init" and not v_init:
             continue
         assert _rel(g, r) <= TOL, (label, _rel(g, r))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("mesh_spec,blocks,v_init,seq", [
+    ("time=8", 3, True, False),
+    ("time=2,data=2,tensor=2", 0, False, True),
+    ("time=4,data=2", 2, True, True),
+])
+def test_time_sharded_neuron_equals_unsharded(name, mesh_spec, blocks, v_init, seq):
+    _assert_equal_to_unsharded(VARIANTS[name], mesh_lib.make_mesh(mesh_spec), blocks, v_init, seq)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("shards,t,blocks,v_init,seq", [
+    (8, 16, 3, True, False),
+    (4, 16, 0, False, True),
+    (2, 16, 2, True, True),
+    (8, 8, 2, False, False),  # one step per device
+])
+def test_native_kernel_per_block_equals_unsharded(name, shards, t, blocks, v_init, seq):
+    mesh = mesh_lib.make_mesh(f"time={shards}", jax.devices()[:shards])
+    _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, v_init, seq, _native_kernel(), (t, 4, 6, 8))
+
+
+@pytest.mark.parametrize("spec,native", [("time=4", True), ("time=4,data=2", False)])
+def test_the_kernel_runs_per_block_only_where_no_other_axis_splits(spec, native):
+    """Beside another split axis the pipeline's ``shard_map`` leaves it to the partitioner, which would gather an
+    opaque kernel call's operands: the blocks run the xla path there."""
+    kernel = _native_kernel()
+    cfg = B.NeuronConfig(kind="LIF")
+    mesh = mesh_lib.make_mesh(spec, jax.devices()[:8 if "data" in spec else 4])
+    x = jax.random.normal(jax.random.key(0), (8, 4, 1024), jnp.float64) + 0.5
+
+    def loss(x):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return jnp.sum(temporal.multistep(cfg, x, kernel=kernel)[0] * x)
+
+    xs = jax.device_put(x, NamedSharding(mesh, P("time", "data")))
+    with temporal.recording() as found:
+        hlo = jax.jit(jax.grad(loss)).lower(xs).compile().as_text()
+    assert [s.block_impl for _, s in found] == ["native" if native else "xla"]
+    assert ("SnnNeuronBackwardF64" in hlo) == native
+    assert report.collective_stats(hlo)["all-gather"]["count"] == 0
+
+
+@pytest.mark.parametrize("shape,blocks", [((16, 1, 6, 8), 3), ((16, 1, 1, 8), 0)])
+@pytest.mark.parametrize("native", [False, True])
+def test_dims_of_size_one(shape, blocks, native):
+    mesh = mesh_lib.make_mesh("time=4", jax.devices()[:4])
+    kernel = _native_kernel() if native else None
+    for name in ("LIF-soft-nodecay", "PLIF-hard"):
+        _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, True, True, kernel, shape)
 
 
 def test_dispatch_runs_the_pipeline_when_the_mesh_splits_time():
@@ -108,6 +160,24 @@ def test_dispatch_runs_the_pipeline_when_the_mesh_splits_time():
     stats = report.collective_stats(compiled.as_text())
     assert stats["collective-permute"]["count"] > 0  # the boundary potential crosses devices
     assert stats["all-gather"]["count"] == 0  # T is never gathered
+
+
+@pytest.mark.parametrize("impl,block_impl", [("auto", "xla"), ("xla", "xla"), ("native", "native")])
+def test_dispatch_runs_the_kernel_an_explicit_impl_names_per_block(impl, block_impl):
+    _native_kernel()
+    cfg = B.NeuronConfig(kind="LIF")
+    mesh = mesh_lib.make_mesh("time=4", jax.devices()[:4])
+    x = jax.random.normal(jax.random.key(0), (8, 4, 1024), jnp.float64) + 0.5
+    xs = jax.device_put(x, NamedSharding(mesh, P("time")))
+
+    def run(x):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return dispatch.multistep(cfg, x, impl=impl)[0]
+
+    with temporal.recording() as found:
+        spikes = jax.jit(run)(xs)
+    assert [s.block_impl for _, s in found] == [block_impl]
+    np.testing.assert_array_equal(np.asarray(spikes), np.asarray(xla.multistep(cfg, x)[0]))
 
 
 def test_t_must_divide_over_the_time_axis():

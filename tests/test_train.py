@@ -19,6 +19,7 @@ from flax import nnx
 
 from snnjax.models import create_model
 from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
+from snnjax.parallel.pipeline_plan import choose_microbatches
 from snnjax.train import base_config, train_and_evaluate, validate
 from snnjax.train.config import source_kwargs
 from snnjax.train.step import StepConfig, TrainState, classification_loss, eval_step, split_model, train_step
@@ -274,6 +275,8 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     ("--config.parallel.pp.schedule=pipedream", "config.parallel.pp.schedule='pipedream' is not allowed"),
     ("--config.parallel.memory_budget_mb=-1", "config.parallel.memory_budget_mb must be >= 0"),
     ("--config.parallel.memory_budget_mb=0.01", "no checkpointing plan fits parallel.memory_budget_mb=0.01"),
+    ("--config.parallel.offload=params", "config.parallel.offload='params' is not allowed"),
+    ("--config.parallel.offload=auto", "config.parallel.offload='auto' lets the memory search decide"),
 ])
 def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
     result = run_train(tmp_path / "run", override)
@@ -339,14 +342,27 @@ def test_resume_without_checkpoint_and_fresh_run_over_checkpoints(tmp_path):
 
 def test_memory_budget_trains_with_the_plan_the_search_chose(tmp_path, capsys):
     c = load_config("digits")
-    c.num_steps, c.parallel.mode, c.parallel.memory_budget_mb = 2, "none", 1e4
+    c.num_steps, c.parallel.mode, c.parallel.memory_budget_mb, c.parallel.offload = 2, "none", 1e4, "auto"
     summary = train_and_evaluate(c, tmp_path)
     assert summary["steps"] == 2
     out = capsys.readouterr().out
     assert "memory search: budget 10,000.0 MiB" in out and "chosen: remat=none, spike_residuals=float" in out
+    assert "the memory search does not offload" in out  # the CPU's host memory is its device memory
     c.parallel.remat = "units"
     with pytest.raises(ValueError, match="memory_budget_mb > 0 lets the memory search choose parallel.remat"):
         validate(c)
+
+
+def test_memory_budget_under_the_pipeline_chooses_the_microbatch_count(tmp_path, capsys):
+    c = load_config("digits")
+    c.num_steps, c.parallel.mode, c.parallel.mesh = 2, "pp", "stage=2,data=4"
+    c.parallel.memory_budget_mb = 1e4
+    summary = train_and_evaluate(c, tmp_path)
+    assert summary["steps"] == 2
+    out = capsys.readouterr().out
+    assert "memory search: budget 10,000.0 MiB" in out and "1 compiled" in out
+    m = choose_microbatches(64, 4, 2, 1, "1f1b")  # the fastest by the pipeline's time model fits: its own choice
+    assert f"chosen: {m} microbatches, remat=none, spike_residuals=float" in out
 
 
 def test_validate_rejects_bad_values():

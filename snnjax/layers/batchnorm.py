@@ -84,7 +84,9 @@ def batch_normalize(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float
 def _batch_normalize(x, scale, bias, eps):
     axes = tuple(range(x.ndim - scale.ndim))
     mean = jnp.mean(x, axes)
-    var = jnp.mean(jnp.square(x - mean), axes)
+    # ``mean - x``, not ``x - mean``: XLA would merge the latter (materialised for this reduction) with the
+    # backward's ``x - mean`` and keep it from the forward to the backward beside ``x``.
+    var = jnp.mean(jnp.square(mean - x), axes)
     rstd = jax.lax.rsqrt(var + eps)
     y = (x - mean) * (rstd * scale) + bias
     return (y, mean, var), (x, mean, rstd, scale)
@@ -95,11 +97,14 @@ def _batch_normalize_bwd(eps, res, cts):
     dy, dmean, dvar = cts
     axes = tuple(range(x.ndim - scale.ndim))
     n = x.size // scale.size
-    xhat = (x - mean) * rstd
+    # No tensor here is a function of the residuals alone, which XLA:CPU computes during the forward and keeps to
+    # the backward (a separate ``xhat`` did that; so did ``x`` itself where it is a convolution's output plus a
+    # bias, held beside the convolution's output): ``dscale`` reduces ``dy * x`` with ``x`` selected where ``dy``
+    # is nonzero (the same products), and ``x - mean`` appears only inside the elementwise ``dx``.
     dbias = jnp.sum(dy, axes)
-    dscale = jnp.sum(dy * xhat, axes)
+    dscale = (jnp.sum(dy * jnp.where(dy != 0, x, 0), axes) - mean * dbias) * rstd
     # d/dx of y through x, mean and var; then the statistics' own cotangents (zero in training).
-    dx = (rstd * scale) * (dy - (dbias + xhat * dscale) / n) + (dmean + 2 * dvar * (x - mean)) / n
+    dx = (rstd * scale) * (dy - (dbias + (x - mean) * (rstd * dscale)) / n) + (dmean + 2 * dvar * (x - mean)) / n
     return dx, dscale, dbias
 
 

@@ -75,29 +75,52 @@ def _max_pool_taps_fwd(x, k, s, p, shape):
             continue
         wins = (view > y) | (jnp.isnan(view) & ~jnp.isnan(y))  # strictly greater: the first maximum stays
         y, tap = jnp.where(wins, view, y), jnp.where(wins, jnp.int8(t), tap)
-    return y, tap
+    return y, _pack_taps(tap, k)
 
 
-def _max_pool_taps_bwd(k, s, p, shape, tap, g):
+# Two taps per byte (k*k <= 16) halve the residual; packing is a reduction, which also keeps XLA from fusing the
+# tap computation into the backward (elementwise int8 taps were recomputed there, so the float padded input
+# stayed alive from the forward to the backward instead).
+def _pack_taps(tap, k):
+    if k * k > 16:
+        return tap
+    c = tap.shape[-1]
+    t = _pad_c(tap.astype(jnp.uint8), c % 2).reshape(*tap.shape[:-1], -1, 2)
+    return jnp.sum(t << jnp.array([0, 4], jnp.uint8), axis=-1, dtype=jnp.uint8)
+
+
+def _unpack_taps(packed, k, c):
+    if k * k > 16:
+        return packed
+    t = (packed[..., None] >> jnp.array([0, 4], jnp.uint8)) & 15
+    return t.reshape(*packed.shape[:-1], -1)[..., :c]
+
+
+def _pad_c(x, extra):
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)]) if extra else x
+
+
+def _max_pool_taps_bwd(k, s, p, shape, packed, g):
     (ho, wo), (h, w) = g.shape[-3:-1], shape[-3:-1]
-    qh, qw = -(-(h + 2 * p) // s), -(-(w + 2 * p) // s)  # rows / columns of each phase
+    tap = _unpack_taps(packed, k, g.shape[-1])
+    qh, qw = -(-h // s), -(-w // s)  # rows / columns of each phase of x
     zero = jnp.zeros((), g.dtype)
-    rows = []
+    dx = None
     for ri in range(s):
-        cols = []
         for rj in range(s):
-            # padded cell (s*a + ri, s*b + rj) is cell (i, j) of window (a - (i - ri)/s, b - (j - rj)/s)
+            # x cell (s*a + ri, s*b + rj) is padded cell (s*a + ri + p, ...): cell (i, j) of window
+            # (a + (ri + p - i) / s, b + (rj + p - j) / s) for the taps i, j congruent to ri + p, rj + p modulo s
             phase = jnp.zeros(g.shape[:-3] + (qh, qw, g.shape[-1]), g.dtype)
-            for i in range(ri, k, s):
-                for j in range(rj, k, s):
-                    di, dj = (i - ri) // s, (j - rj) // s
+            for i in range((ri + p) % s, k, s):
+                for j in range((rj + p) % s, k, s):
+                    di, dj = (ri + p - i) // s, (rj + p - j) // s
                     part = jnp.where(tap == i * k + j, g, zero)
-                    phase = phase + _pad_hw(part, 0, ((di, qh - ho - di), (dj, qw - wo - dj)))
-            cols.append(phase)
-        rows.append(jnp.stack(cols, axis=-2))  # [..., qh, qw, s, C]
-    grid = jnp.stack(rows, axis=-4)  # [..., qh, s, qw, s, C]
-    dxp = grid.reshape(g.shape[:-3] + (qh * s, qw * s, g.shape[-1]))
-    return (dxp[..., p:p + h, p:p + w, :],)
+                    phase = phase + _pad_hw(part, 0, ((-di, qh - ho + di), (-dj, qw - wo + dj)))
+            # the phase's cells interleaved into x's grid: rows ri, ri + s, ... and columns rj, rj + s, ...
+            config = [(0, 0, 0)] * (g.ndim - 3) + [(ri, s - 1 - ri, s - 1), (rj, s - 1 - rj, s - 1), (0, 0, 0)]
+            spread = jax.lax.pad(phase, zero, config)
+            dx = spread if dx is None else dx + spread
+    return (dx if (qh * s, qw * s) == (h, w) else dx[..., :h, :w, :],)  # x's own cells: no crop of the padding
 
 
 _max_pool_taps.defvjp(_max_pool_taps_fwd, _max_pool_taps_bwd)

@@ -29,7 +29,9 @@ gave wrong results inside a ``shard_map`` that leaves some axes automatic, on ja
   stage over ``stage`` with data / tensor inside): there the kernel would be gathered.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
-``snnjax.neurons.temporal``: a pipeline over blocks of neurons with the ``xla`` path per block.
+``snnjax.neurons.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
+(``auto``: it was faster per block than the native kernels on the CPU) or by the kernel an explicit
+``impl`` names.
 
 Measured (``python -m snnjax.bench.neuron``, records in ``benchmarks/results/``): on an H100 the
 Pallas kernels matched the ``xla`` path bit for bit over every variant and ran LIF forward +
@@ -138,8 +140,10 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     (a scalar; None for IF / LIF). ``impl``: see the module docstring.
     """
     B.check_decay_param(cfg, w)
-    if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron (the xla path per block)
-        return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+    if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
+        per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
+        kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
+        return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
     chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
     mesh = jax.sharding.get_abstract_mesh()
     if chosen.kernel is not None and mesh_is_partitioned() and not mesh.manual_axes:

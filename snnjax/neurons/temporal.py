@@ -11,18 +11,31 @@ device is idle in P-1 of the B+P-1 ticks: the bubble is ``(P-1) / (B+P-1)``.
 
 The backward (``custom_vjp``) runs the same pipeline in reverse: device P-1 starts, device k
 computes block ``i - (P-1-k)``'s gradients from the dL/dV device k+1 sent, and sends the dL/dV
-of its segment's start potential on to device k-1. Each block's gradients are those of the
-``xla`` path (``snnjax.neurons.xla``), recomputing the block's forward from its start potential,
-the one residual besides ``x`` (``[P, ...]``: one potential per device and neuron). PLIF's ``dw``
-is the sum over blocks, then over ``time``. Idle ticks compute on a clamped block and are
-discarded with ``jnp.where``. Spikes and states equal the unsharded neuron's bit for bit (the
-same operations in the same order on the same values); gradients equal them to rounding (PLIF's
-``dw`` is summed in another order).
+of its segment's start potential on to device k-1. Each block's gradients recompute the block's
+forward from its start potential, the one residual besides ``x`` (``[P, ...]``: one potential per
+device and neuron). PLIF's ``dw`` is the sum over blocks, then over ``time``. On its idle ticks a
+device computes block 0 before its first block (overwritten at that block's own tick) and, after
+its last block, that block again from the same start (the same values once more), so no buffer
+needs a select; what it sends on an idle tick is zeroed. Spikes and states equal the unsharded
+neuron's bit for bit (the same operations in the same order on the same values); gradients equal
+them to rounding (PLIF's ``dw`` is summed in another order).
+
+Per block runs the ``xla`` path (``snnjax.neurons.xla``) or, given a ``kernel`` (``snnjax.neurons.sharded.Kernel``:
+the native CPU kernels, the Pallas kernels), that kernel's forward and backward on the block flattened to
+``[T/P, m]``, where no mesh axis but ``time`` splits the activations (``block_kernel``: inside the
+``shard_map`` the partitioner would gather a kernel call's operands). ``impl="auto"`` takes the kernel per
+block only on the backends of ``KERNEL_BLOCK_BACKENDS``. On the 2-core CPU (``python -m snnjax.bench.temporal
+--what layer --impls xla,native``, float32 LIF forward + backward on ``[T, 2, 48, 48, C]``, T = 64 and 256,
+C = 64 and 128, P = 2, 4, 8) the ``xla`` path per block took 0.77-1.02x the native kernels' time (the
+native kernels alone, T whole on one device: 0.56-0.69x the ``xla`` path's): each block is copied out of
+the segment into the kernel's operand and back, and those copies cost more than the kernels save.
 
 Blocks: the trailing dims are viewed as ``(first, product of the middle ones, last)`` (``[N, H*W, C]``,
 ``[N, L, D]``; a row-major merge that keeps the batch and channel shardings), and the neurons are split
-along one dim of that view of size ``n`` as ``[n / B, B]``, block index minor, so a dim that the
-partitioner shards stays sharded as long as its shard count divides ``n / B``. ``choose_blocks``
+along one dim of that view of size ``n``: as ``[B, n / B]`` (block index major: each block a contiguous
+run of neurons per step) where no mesh axis but ``time`` splits the activations, else as ``[n / B, B]``
+(block index minor), so that a dim the partitioner shards stays sharded as long as its shard count divides
+``n / B``. The pipeline runs on that view without its dims of size 1. ``choose_blocks``
 prefers the merged middle dim (pixels, tokens: contiguous runs of channels per neuron group, and no
 strategy but sequence parallelism shards it), then the last, then the first. The automatic count (``blocks=0``) is
 the smallest B dividing ``n`` with a bubble under ``BUBBLE_TARGET`` (B >= 9(P-1)+1 for 10%), while
@@ -46,11 +59,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from snnjax.neurons import base as B
-from snnjax.neurons import xla
+from snnjax.neurons import sharded, xla
 
 TIME_AXIS = "time"
 BUBBLE_TARGET = 0.10
 MIN_BLOCK_NEURONS = 512
+KERNEL_BLOCK_BACKENDS: tuple[str, ...] = ()  # none yet: see the module docstring
 
 _BLOCKS: contextvars.ContextVar[int] = contextvars.ContextVar("snnjax_time_blocks", default=0)
 
@@ -100,6 +114,7 @@ class Schedule:
     dim: int  # the dim of ``block_view(trailing)`` that is split into blocks
     neurons: int  # trailing elements (all devices of the other axes together)
     state_bytes: int  # bytes of one potential
+    block_impl: str = "xla"  # what computes each block: ``xla`` or a fused kernel's name
 
     @property
     def bubble(self) -> float:
@@ -187,13 +202,28 @@ def applies(x_seq) -> bool:
     return True
 
 
+def _other_axes_split() -> bool:
+    """Whether the current mesh context has an axis besides ``time`` of more than one device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return any(n > 1 for a, n in mesh.shape.items() if a != TIME_AXIS)
+
+
+def block_kernel(kernel: sharded.Kernel | None) -> sharded.Kernel | None:
+    """The kernel each block runs under the current mesh context: ``kernel``, or None (the ``xla`` path) where
+    another mesh axis of more than one device is left to the partitioner inside the pipeline's ``shard_map``
+    (it would gather an opaque kernel call's operands onto every device of that axis)."""
+    return None if _other_axes_split() else kernel
+
+
 def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
-              blocks: int | None = None):
+              blocks: int | None = None, kernel: sharded.Kernel | None = None):
     """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, with T split over the mesh axis ``time``.
 
-    ``blocks``: the block count (None: the ``block_count`` context's; 0: automatic). Needs a mesh
-    context with a ``time`` axis (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``) that ``T``
-    divides by, and at least one trailing dim.
+    ``blocks``: the block count (None: the ``block_count`` context's; 0: automatic). ``kernel``: the fused
+    kernel that computes each block (the caller has checked that it can run this call; see ``block_kernel``
+    for where the ``xla`` path runs instead); None: the ``xla`` path. Needs a mesh context with a ``time``
+    axis (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``) that ``T`` divides by, and at least one
+    trailing dim.
     """
     B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
@@ -201,37 +231,48 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     if shards < 2 or x_seq.ndim < 2 or x_seq.shape[0] % shards:
         raise ValueError(f"the time-sharded neuron needs a mesh context with time > 1 dividing T and an input "
                          f"[T, ...] of rank >= 2; got time={shards}, shape {x_seq.shape}")
+    kernel = block_kernel(kernel)
     sched = layer_schedule(x_seq.shape, shards, x_seq.dtype, _BLOCKS.get() if blocks is None else blocks)
+    sched = dataclasses.replace(sched, block_impl="xla" if kernel is None else kernel.name)
     if (record := _RECORD.get()) is not None:
         record.append((tuple(x_seq.shape), sched))
     v0 = B.broadcast_state(cfg, x_seq, v_init)
     w0 = jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
-    static = (cfg, return_v_seq, v_init is not None, shards, sched.dim, sched.blocks)
+    # The pipeline views the trailing dims without those of size 1: with one kept, XLA:CPU laid the reshape into
+    # the view out on its own and copied x and ds to undo it (two more segment-sized temporaries at N = 1).
+    full = block_view(x_seq.shape[1:])
+    kept = [i for i, n in enumerate(full) if n > 1 or i == sched.dim]
+    view = tuple(full[i] for i in kept)
+    blocks = _Blocks(sched.blocks, major=not _other_axes_split())
+    static = (cfg, return_v_seq, v_init is not None, shards, kept.index(sched.dim), blocks, kernel)
     t, trailing = x_seq.shape[0], x_seq.shape[1:]
-    view = block_view(trailing)
     s, v = _pipelined(static, x_seq.reshape(t, *view), v0.reshape(view), w0)
     return s.reshape(x_seq.shape), v.reshape(v.shape[:1] + trailing if return_v_seq else trailing)
 
 
-# --- blocks: dim d of size n as [n / B, B], block index minor ---------------------------------------------
+# --- blocks: dim d of size n as [B, n / B] (block index major) or [n / B, B] (minor) --------------------------
 
 
-def _split(a, axis, nb):
-    return a.reshape(*a.shape[:axis], a.shape[axis] // nb, nb, *a.shape[axis + 1:])
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """``count`` blocks of a dim of size n: ``[B, n / B]`` with ``major`` (each block a contiguous run of neurons per
+    step), else ``[n / B, B]`` (a sharding of the dim stays on ``n / B``)."""
 
+    count: int
+    major: bool
 
-def _merge(a, axis):
-    return a.reshape(*a.shape[:axis], a.shape[axis] * a.shape[axis + 1], *a.shape[axis + 2:])
+    def split(self, a, axis):
+        n, b = a.shape[axis], self.count
+        return a.reshape(*a.shape[:axis], *((b, n // b) if self.major else (n // b, b)), *a.shape[axis + 1:])
 
+    def merge(self, a, axis):
+        return a.reshape(*a.shape[:axis], a.shape[axis] * a.shape[axis + 1], *a.shape[axis + 2:])
 
-def _take(a, j, axis):
-    return jax.lax.dynamic_index_in_dim(a, j, axis + 1, keepdims=False)
+    def take(self, a, j, axis):
+        return jax.lax.dynamic_index_in_dim(a, j, axis + (not self.major), keepdims=False)
 
-
-def _put(a, block, j, valid, axis):
-    """``a`` with block ``j`` (along the minor block axis after ``axis``) set to ``block`` where ``valid``."""
-    old = _take(a, j, axis)
-    return jax.lax.dynamic_update_index_in_dim(a, jnp.where(valid, block, old), j, axis + 1)
+    def put(self, a, block, j, axis):
+        return jax.lax.dynamic_update_index_in_dim(a, block, j, axis + (not self.major))
 
 
 # --- the pipeline ------------------------------------------------------------------------------------------
@@ -244,20 +285,20 @@ def _pipelined(static, x, v0, w):
 
 
 def _fwd(static, x, v0, w):
-    cfg, ret_seq, _, shards, d, nb = static
+    cfg, ret_seq, _, shards, d, blocks, kernel = static
     v_spec = P(TIME_AXIS) if ret_seq else P()
-    body = functools.partial(_forward_body, cfg, ret_seq, shards, d, nb)
+    body = functools.partial(_forward_body, cfg, ret_seq, kernel, shards, d, blocks)
     s, v, v_in = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(), P()), out_specs=(P(TIME_AXIS), v_spec, P(TIME_AXIS)),
                                axis_names={TIME_AXIS}, check_vma=False)(x, v0, w)
     return (s, v), (x, v_in, w)
 
 
 def _bwd(static, res, cts):
-    cfg, ret_seq, has_v_init, shards, d, nb = static
+    cfg, ret_seq, has_v_init, shards, d, blocks, kernel = static
     x, v_in, w = res
     ds, dv = cts
     v_spec = P(TIME_AXIS) if ret_seq else P()
-    body = functools.partial(_backward_body, cfg, ret_seq, has_v_init, shards, d, nb)
+    body = functools.partial(_backward_body, cfg, ret_seq, kernel, has_v_init, shards, d, blocks)
     dx, dv0, dw = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
                                 out_specs=(P(TIME_AXIS), P(), P()), axis_names={TIME_AXIS},
                                 check_vma=False)(x, v_in, w, ds, dv)
@@ -267,86 +308,115 @@ def _bwd(static, res, cts):
 _pipelined.defvjp(_fwd, _bwd)
 
 
-def _block_fn(cfg, ret_seq):
-    return lambda x, v, w: xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
+# --- one block: x [T/P, ...] from its start potential v [...] ----------------------------------------------
 
 
-def _forward_body(cfg, ret_seq, shards, d, nb, x, v0, w):
-    """One device: ``x [T/P, *trailing]`` -> spikes, ``v`` (sequence, or the last device's final state), and
-    the start potential of each neuron's segment ``[1, *trailing]``."""
+def _flat(kernel, x, v):
+    """The block as the kernels take it: ``x [T/P, m]`` in the kernel's compute dtype, ``v [m]``."""
+    return x.reshape(x.shape[0], -1).astype(kernel.compute_dtype(x.dtype)), v.reshape(-1)
+
+
+def _block_forward(cfg, ret_seq, kernel, x, v, w):
+    """``(s [T/P, ...], v)`` of one block (``v`` the state sequence with ``ret_seq``, else the final state)."""
+    if kernel is None:
+        return xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
+    (s, v_out), _ = kernel.forward(cfg, ret_seq, *_flat(kernel, x, v), w)
+    return s.astype(x.dtype).reshape(x.shape), v_out.reshape(x.shape if ret_seq else v.shape)
+
+
+def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv):
+    """``(dx, dv_start, dw)`` of one block from the cotangents of its spikes and states, recomputing its forward."""
+    if kernel is None:
+        _, vjp = jax.vjp(lambda x, v, w: xla.multistep(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
+        return vjp((ds, dv))
+    xf, vf = _flat(kernel, x, v)
+    _, saved = kernel.forward(cfg, ret_seq, xf, vf, w)  # the native kernels save nothing: dead code for XLA
+    dx, dv0, dw = kernel.backward(cfg, ret_seq, xf, saved, vf, w, ds.reshape(xf.shape),
+                                  dv.reshape(xf.shape if ret_seq else vf.shape))
+    return dx.astype(x.dtype).reshape(x.shape), dv0.reshape(v.shape), dw
+
+
+# --- the two pipelines ---------------------------------------------------------------------------------------
+
+
+def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, x, v0, w):
+    """One device: ``x [T/P, *view]`` -> spikes, ``v`` (sequence, or the last device's final state), and
+    the start potential of each neuron's segment ``[1, *view]``."""
     k = jax.lax.axis_index(TIME_AXIS)
-    sdt = v0.dtype
-    xb, v0b = _split(x, d + 1, nb), _split(v0, d, nb)
-    block = _block_fn(cfg, ret_seq)
+    sdt, nb = v0.dtype, blocks.count
+    xb, v0b = blocks.split(x, d + 1), blocks.split(v0, d)
     s_buf = jnp.zeros(xb.shape, x.dtype)
     v_buf = jnp.zeros(xb.shape if ret_seq else v0b.shape, sdt)
     vin_buf = jnp.zeros(v0b.shape, sdt)
-    v_recv = jnp.zeros_like(_take(v0b, 0, d))
+    v_recv = jnp.zeros_like(blocks.take(v0b, 0, d))
 
     def tick(carry, i):
-        v_recv, s_buf, v_buf, vin_buf = carry
+        v_recv, v_prev, s_buf, v_buf, vin_buf = carry
         j = i - k
         valid = (j >= 0) & (j < nb)
         jc = jnp.clip(j, 0, nb - 1)
-        v_start = jnp.where(k == 0, _take(v0b, jc, d), v_recv)
-        s, v = block(_take(xb, jc, d + 1), v_start, w)
-        s_buf = _put(s_buf, s, jc, valid, d + 1)
-        v_buf = _put(v_buf, v, jc, valid, d + 1 if ret_seq else d)
-        vin_buf = _put(vin_buf, v_start, jc, valid, d)
+        # After its last block a device recomputes that block from the same start (the same values again).
+        v_start = jnp.where(j >= nb, v_prev, jnp.where(k == 0, blocks.take(v0b, jc, d), v_recv))
+        s, v = _block_forward(cfg, ret_seq, kernel, blocks.take(xb, jc, d + 1), v_start, w)
+        s_buf = blocks.put(s_buf, s, jc, d + 1)
+        v_buf = blocks.put(v_buf, v, jc, d + 1 if ret_seq else d)
+        vin_buf = blocks.put(vin_buf, v_start, jc, d)
         v_last = v[-1] if ret_seq else v
         v_send = jnp.where(valid, v_last, jnp.zeros_like(v_last))
         v_recv = jax.lax.ppermute(v_send, TIME_AXIS, [(q, q + 1) for q in range(shards - 1)])
-        return (v_recv, s_buf, v_buf, vin_buf), None
+        return (v_recv, v_start, s_buf, v_buf, vin_buf), None
 
-    (_, s_buf, v_buf, vin_buf), _ = jax.lax.scan(tick, (v_recv, s_buf, v_buf, vin_buf), jnp.arange(nb + shards - 1))
-    s = _merge(s_buf, d + 1)
+    init = (v_recv, v_recv, s_buf, v_buf, vin_buf)
+    (*_, s_buf, v_buf, vin_buf), _ = jax.lax.scan(tick, init, jnp.arange(nb + shards - 1))
+    s = blocks.merge(s_buf, d + 1)
     if ret_seq:
-        v = _merge(v_buf, d + 1)
+        v = blocks.merge(v_buf, d + 1)
     else:  # the final state lives on the last device; every device returns it
-        v_last = _merge(v_buf, d)
+        v_last = blocks.merge(v_buf, d)
         v = jax.lax.psum(jnp.where(k == shards - 1, v_last, jnp.zeros_like(v_last)), TIME_AXIS)
-    return s, v, _merge(vin_buf, d)[None]
+    return s, v, blocks.merge(vin_buf, d)[None]
 
 
-def _backward_body(cfg, ret_seq, has_v_init, shards, d, nb, x, v_in, w, ds, dv):
-    """One device: the reverse pipeline; returns ``dx [T/P, ...]``, ``dv_init [...]`` and PLIF's ``dw``."""
+def _backward_body(cfg, ret_seq, kernel, has_v_init, shards, d, blocks, x, v_in, w, ds, dv):
+    """One device: the reverse pipeline; returns ``dx [T/P, *view]``, ``dv_init [*view]`` and PLIF's ``dw``."""
     k = jax.lax.axis_index(TIME_AXIS)
-    sdt = v_in.dtype
-    xb, vinb, dsb = _split(x, d + 1, nb), _split(v_in[0], d, nb), _split(ds, d + 1, nb)
-    dvb = _split(dv, d + 1 if ret_seq else d, nb)
-    block = _block_fn(cfg, ret_seq)
+    sdt, nb = v_in.dtype, blocks.count
+    xb, vinb, dsb = blocks.split(x, d + 1), blocks.split(v_in[0], d), blocks.split(ds, d + 1)
+    dvb = blocks.split(dv, d + 1 if ret_seq else d)
     dx_buf = jnp.zeros(xb.shape, x.dtype)
     dv0_buf = jnp.zeros(vinb.shape, sdt)
-    g_recv = jnp.zeros_like(_take(vinb, 0, d))
+    g_recv = jnp.zeros_like(blocks.take(vinb, 0, d))
     plif = cfg.kind == "PLIF"
     dw = jnp.zeros((), w.dtype) if plif else None
 
     def tick(carry, i):
-        g_recv, dx_buf, dv0_buf, dw = carry
+        g_recv, g_prev, dx_buf, dv0_buf, dw = carry
         j = i - (shards - 1 - k)
         valid = (j >= 0) & (j < nb)
         jc = jnp.clip(j, 0, nb - 1)
+        g = jnp.where(j >= nb, g_prev, g_recv)  # after its last block, that block again (as in the forward)
         if ret_seq:  # dL/dV of the segment's last step: its own cotangent plus what the next segment sends
-            dv_j = _take(dvb, jc, d + 1)
-            dv_j = dv_j.at[-1].set(dv_j[-1] + g_recv.astype(dv_j.dtype))
+            dv_j = blocks.take(dvb, jc, d + 1)
+            dv_j = dv_j.at[-1].set(dv_j[-1] + g.astype(dv_j.dtype))
         else:
-            dv_j = jnp.where(k == shards - 1, _take(dvb, jc, d).astype(sdt), g_recv)
-        _, vjp = jax.vjp(block, _take(xb, jc, d + 1), _take(vinb, jc, d), w)
-        dx_j, dv0_j, dw_j = vjp((_take(dsb, jc, d + 1), dv_j))
-        dx_buf = _put(dx_buf, dx_j, jc, valid, d + 1)
-        dv0_buf = _put(dv0_buf, dv0_j, jc, valid, d)
+            dv_j = jnp.where(k == shards - 1, blocks.take(dvb, jc, d).astype(sdt), g)
+        dx_j, dv0_j, dw_j = _block_backward(cfg, ret_seq, kernel, blocks.take(xb, jc, d + 1),
+                                            blocks.take(vinb, jc, d), w, blocks.take(dsb, jc, d + 1), dv_j)
+        dx_buf = blocks.put(dx_buf, dx_j, jc, d + 1)
+        dv0_buf = blocks.put(dv0_buf, dv0_j, jc, d)
         if plif:
             dw = dw + jnp.where(valid, dw_j, jnp.zeros_like(dw_j))
         g_send = jnp.where(valid, dv0_j, jnp.zeros_like(dv0_j))
         g_recv = jax.lax.ppermute(g_send, TIME_AXIS, [(q, q - 1) for q in range(1, shards)])
-        return (g_recv, dx_buf, dv0_buf, dw), None
+        return (g_recv, g, dx_buf, dv0_buf, dw), None
 
-    (_, dx_buf, dv0_buf, dw), _ = jax.lax.scan(tick, (g_recv, dx_buf, dv0_buf, dw), jnp.arange(nb + shards - 1))
-    dv0 = _merge(dv0_buf, d)
+    init = (g_recv, g_recv, dx_buf, dv0_buf, dw)
+    (*_, dx_buf, dv0_buf, dw), _ = jax.lax.scan(tick, init, jnp.arange(nb + shards - 1))
+    dv0 = blocks.merge(dv0_buf, d)
     if has_v_init:
         dv0 = jax.lax.psum(jnp.where(k == 0, dv0, jnp.zeros_like(dv0)), TIME_AXIS)
     else:  # the fresh start is a constant: its cotangent is not wanted
         dv0 = jnp.zeros_like(dv0)
     if plif:
         dw = jax.lax.psum(dw, TIME_AXIS)
-    return _merge(dx_buf, d + 1), dv0, dw
+    return blocks.merge(dx_buf, d + 1), dv0, dw

@@ -18,7 +18,6 @@ each tick on the fixed cost.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,20 +106,25 @@ def param_counts(model: nnx.Module) -> list[float]:
     return counts
 
 
-def choose_microbatches(batch: int, shards: int, stages: int, virtual: int, schedule: str) -> int:
-    """The microbatch count of the module docstring's rule (ValueError if no divisor of ``batch`` works)."""
-    best, best_t = None, math.inf
+def microbatch_options(batch: int, shards: int, stages: int, virtual: int, schedule: str) -> list[tuple[int, float]]:
+    """Every valid microbatch count ``M`` with its estimated step time (the module docstring's rule, in units of
+    one example's stage action), fastest first."""
+    out = []
     for m in range(1, batch + 1):
         if batch % m or (batch // m) % shards or (schedule == "interleaved" and m % stages):
             continue
-        t = (virtual * m + stages - 1) * (OVERHEAD_EXAMPLES + batch / m)
-        if t < best_t - 1e-12:
-            best, best_t = m, t
-    if best is None:
+        out.append((m, (virtual * m + stages - 1) * (OVERHEAD_EXAMPLES + batch / m)))
+    return sorted(out, key=lambda mt: (mt[1], mt[0]))
+
+
+def choose_microbatches(batch: int, shards: int, stages: int, virtual: int, schedule: str) -> int:
+    """The microbatch count of the module docstring's rule (ValueError if no divisor of ``batch`` works)."""
+    options = microbatch_options(batch, shards, stages, virtual, schedule)
+    if not options:
         need = "a multiple of the stage count, " if schedule == "interleaved" else ""
         raise ValueError(f"no microbatch count M divides the batch of {batch} into {need}microbatches divisible over "
                          f"data x fsdp = {shards}; change global_batch_size or set parallel.pp.microbatches")
-    return best
+    return options[0][0]
 
 
 def make_spec(model: nnx.Module, stages: int, options: PipelineOptions, *, global_batch_size: int | None,

@@ -24,6 +24,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
+OFFLOADS = ("none", "opt_state", "auto")
 NONFINITE = ("stop", "skip")  # what a step with a NaN/inf loss or gradient does (snnjax/train/loop.py)
 # none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
 PARALLEL_MODES = (*_STRATEGY_MODES, "pp", "auto")
@@ -90,6 +91,11 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: the memory search (snnjax/train/memory_search.py) picks the fastest checkpointing plan (policy per unit,
     # spike storage) whose compiled peak per device fits this many MiB; parallel.remat must then stay "none"
     c.parallel.memory_budget_mb = 0.0
+    # The optimizer state in host memory between steps (FSDP's cpu_offload; snnjax/train/offload.py): none, opt_state,
+    # or auto (with memory_budget_mb: the search offloads when no checkpointing plan fits on its own). On the CPU
+    # backend host and device memory are the same RAM: opt_state runs the transfers and saves nothing, auto never
+    # offloads.
+    c.parallel.offload = "none"
     # mode=pp: a pipeline over the mesh axis stage (e.g. mesh=stage=2,data=-1); each stage uses the other axes
     c.parallel.pp = ml_collections.ConfigDict()
     c.parallel.pp.schedule = "1f1b"  # gpipe, 1f1b, interleaved, zero_bubble
@@ -131,13 +137,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check_pipeline(c)
     remat_settings(c)
     _positive("parallel.memory_budget_mb", c.parallel.memory_budget_mb, zero_ok=True)
+    _choice("parallel.offload", c.parallel.offload, OFFLOADS)
+    if c.parallel.offload == "auto" and c.parallel.memory_budget_mb <= 0:
+        raise ValueError("config.parallel.offload='auto' lets the memory search decide, which needs "
+                         "config.parallel.memory_budget_mb > 0; or set parallel.offload to 'none' or 'opt_state'")
     if c.parallel.memory_budget_mb > 0 and (str(c.parallel.remat).strip() != "none"
                                             or c.parallel.spike_residuals != "float"):
         raise ValueError("config.parallel.memory_budget_mb > 0 lets the memory search choose parallel.remat and "
                          "parallel.spike_residuals; leave those at 'none' / 'float', or set memory_budget_mb=0")
-    if c.parallel.memory_budget_mb > 0 and c.parallel.mode == "pp":
-        raise ValueError("config.parallel.memory_budget_mb is not searched with mode=pp yet; set parallel.remat "
-                         "per unit instead (e.g. --config.parallel.remat=units)")
     check_model_kwargs(c.model.name, {k: v for k, v in c.model.items() if k != "name"})
     unknown = sorted(set(c.data.options.keys()) - set(OPTION_TYPES))
     if unknown:

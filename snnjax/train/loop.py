@@ -25,6 +25,7 @@ Faults a long run meets:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import signal
@@ -43,10 +44,12 @@ from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel import pipeline_plan
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import config as config_lib
-from snnjax.train import faults, memory_search
+from snnjax.train import faults, memory_search, pipeline_memory
+from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
@@ -142,13 +145,8 @@ class Trainer:
                              dtype=dtype, param_dtype=param_dtype)
         remat.configure(model, config_lib.remat_settings(c))
         self.tx, self.schedule = make_optimizer(c, self.total_steps)
-        self.plan = parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
-                                  mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
-                                  sequence_parallel=c.parallel.sequence_parallel,
-                                  global_batch_size=c.global_batch_size // c.grad_accum_steps,
-                                  opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
-                                  time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks,
-                                  **_pipeline_args(c, train_src, dtype))
+        self._plan_for = functools.cache(functools.partial(self._make_plan, model, train_src, dtype))
+        self.plan = self._plan_for(None)
         self.mesh = self.plan.mesh
         self.memory_search = None
 
@@ -156,34 +154,66 @@ class Trainer:
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
                               skip_nonfinite=c.nonfinite == "skip")
+        self.offload = c.parallel.offload if c.parallel.offload != "auto" else "none"
         if c.parallel.memory_budget_mb > 0:
             self.memory_search = self._search_memory(model, step_cfg, train_src, dtype)
+            chosen = self.memory_search.chosen.candidate
+            self.offload = chosen.offload
+            if c.parallel.mode == "pp":
+                self.plan = self._plan_for(chosen.microbatches)
+        if self.offload != "none" and not offload_lib.saves_device_memory(self.plan.mesh.devices.flat[0].platform):
+            self._log(f"note: parallel.offload={self.offload}: on this backend host memory is the device's own memory, "
+                      "so the optimizer state moves between memory kinds each step and no memory is saved")
         graphdef, params, rngs, rest = split_model(model)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=self.tx.init(params))
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
-        self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx)
+        self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx, offload=self.offload)
         self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
 
+    def _make_plan(self, model: nnx.Module, source, dtype, microbatches: int | None) -> parallel.Plan:
+        """The run's parallel plan (mode pp: with ``microbatches`` instead of ``parallel.pp.microbatches``)."""
+        c = self.c
+        pipeline = _pipeline_args(c, source, dtype)
+        if microbatches is not None:
+            pipeline["pipeline"] = dataclasses.replace(pipeline["pipeline"], microbatches=microbatches)
+        return parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
+                             mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
+                             sequence_parallel=c.parallel.sequence_parallel,
+                             global_batch_size=c.global_batch_size // c.grad_accum_steps,
+                             opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
+                             time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks, **pipeline)
+
     def _search_memory(self, model: nnx.Module, step_cfg: StepConfig, source, dtype):
         """Configure ``model`` with the fastest checkpointing plan whose compiled peak per device fits
-        ``parallel.memory_budget_mb`` (``snnjax.train.memory_search``), for each device's share of a microbatch."""
+        ``parallel.memory_budget_mb`` (``snnjax.train.memory_search``), for each device's share of a microbatch;
+        under mode pp, with the microbatch count (``snnjax.train.pipeline_memory``), for the whole step."""
         c = self.c
         shards = self.plan.axis_sizes.get("data", 1) * self.plan.axis_sizes.get("fsdp", 1)
-        rows = c.global_batch_size // c.grad_accum_steps // shards
+        pp = c.parallel.mode == "pp"
+        rows = c.global_batch_size // c.grad_accum_steps // (1 if pp else shards)
         data = DataShape.of(source, c.data.time_steps)
         lead = (data.time_steps, rows) if self.time_major else (rows,)
         batch = {"inputs": jax.ShapeDtypeStruct((*lead, *data.frame_shape), jnp.float32),
                  "labels": jax.ShapeDtypeStruct((rows,), jnp.int32)}
-        inputs = None if self.time_major else jax.ShapeDtypeStruct((c.data.time_steps, rows, *data.frame_shape),
-                                                                   dtype)
-        result = memory_search.search_model(model, dataclasses.replace(step_cfg, grad_accum_steps=1), self.tx, batch,
-                                            int(c.parallel.memory_budget_mb * 2**20), inputs=inputs)
+        offloads = (c.parallel.offload,) if c.parallel.offload != "auto" else ("none", "opt_state")
+        if c.parallel.offload == "auto" and not offload_lib.saves_device_memory():
+            offloads = ("none",)
+            self._log("note: parallel.offload=auto: host memory is the device's own memory on this backend, so the "
+                      "memory search does not offload")
+        budget = int(c.parallel.memory_budget_mb * 2**20)
+        if pp:
+            result = self._search_pipeline_memory(model, step_cfg, batch, offloads, budget)
+        else:
+            inputs = None if self.time_major else jax.ShapeDtypeStruct((c.data.time_steps, rows, *data.frame_shape),
+                                                                       dtype)
+            result = memory_search.search_model(model, dataclasses.replace(step_cfg, grad_accum_steps=1), self.tx,
+                                                batch, budget, inputs=inputs, offloads=offloads)
         self._log(result.summary() + (f" (per device: {rows} of the {c.global_batch_size} examples per step)"
-                                      if shards > 1 or c.grad_accum_steps > 1 else ""))
+                                      if not pp and (shards > 1 or c.grad_accum_steps > 1) else ""))
         if result.chosen is None:
             raise ValueError(f"no checkpointing plan fits parallel.memory_budget_mb={c.parallel.memory_budget_mb:g} "
                              f"(the smallest compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.0f} "
@@ -191,6 +221,20 @@ class Trainer:
                              "or shard over more devices")
         remat.configure(model, result.chosen.candidate.settings)
         return result
+
+    def _search_pipeline_memory(self, model, step_cfg, batch, offloads, budget) -> memory_search.SearchResult:
+        pp, sizes = self.c.parallel.pp, self.plan.axis_sizes
+        if pp.microbatches > 0:
+            times = [(pp.microbatches, 0.0)]
+        else:
+            times = pipeline_plan.microbatch_options(batch["labels"].shape[0], sizes["data"] * sizes["fsdp"],
+                                                     sizes["stage"], pp.virtual_stages, pp.schedule)
+        axis = {"inputs": 1 if self.time_major else 0, "labels": 0}
+        compile_for = pipeline_memory.step_compiler(
+            model, step_cfg, self.tx, batch, self._plan_for,
+            lambda plan: {k: plan.batch_sharding(v.ndim, axis[k]) for k, v in batch.items()})
+        return pipeline_memory.search([c for o in offloads for c in pipeline_memory.candidates(times, o)],
+                                      compile_for, budget)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -321,7 +365,9 @@ class Trainer:
         mesh_desc = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items() if v > 1) or "1 device"
         self._log(f"{c.model.name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
                   f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
-                  f"compiled in {compile_seconds:.1f}s" + (f"; resuming at step {start}" if start else ""))
+                  f"compiled in {compile_seconds:.1f}s" + (f"; optimizer state offloaded ({self.offload})"
+                                                          if self.offload != "none" else "")
+                  + (f"; resuming at step {start}" if start else ""))
         step_cost = parallel.step_report(compiled, self.state)
         if c.parallel.print_summary:
             self._log(str(self.plan))

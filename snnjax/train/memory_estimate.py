@@ -52,10 +52,45 @@ def _subjaxprs(eqn) -> list:
     return out
 
 
+# Primitives XLA fuses into their consumers (loop fusion): a value such an op makes and only such ops use is
+# computed inside its consumers' loops and never held in memory.
+ELEMENTWISE = frozenset("""
+    abs add and broadcast_in_dim ceil clamp concatenate convert_element_type copy cos div eq erf exp exp2 expand_dims
+    floor ge gt integer_pow iota is_finite le log log1p logistic lt max min mul ne neg not or pad pow rem reshape
+    round rsqrt select_n shift_left shift_right_logical sign sin slice sqrt square squeeze stop_gradient sub tanh xor
+    """.split())
+
+
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})  # fuse their producers
+
+
+def _elementwise(eqn) -> bool:
+    """An ``ELEMENTWISE`` op, or a call (``jnp.where`` is one) of nothing else."""
+    if eqn.primitive.name in ELEMENTWISE:
+        return True
+    subs = _subjaxprs(eqn) if eqn.primitive.name in ("jit", "pjit") else []
+    return bool(subs) and all(_elementwise(q) for sub in subs for q in sub.eqns)
+
+
+def _fused(jaxpr) -> set:
+    """The values of ``jaxpr`` an elementwise op makes and only elementwise ops and reductions use (not its
+    outputs)."""
+    uses: dict[Any, list[Any]] = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not isinstance(v, jax.extend.core.Literal):
+                uses.setdefault(v, []).append(eqn)
+    outputs = {v for v in jaxpr.outvars if not isinstance(v, jax.extend.core.Literal)}
+    return {v for eqn in jaxpr.eqns if _elementwise(eqn) for v in eqn.outvars
+            if v not in outputs and uses.get(v)
+            and all(u.primitive.name in REDUCTIONS or _elementwise(u) for u in uses[v])}
+
+
 def live_peak(jaxpr) -> int:
     """Peak bytes live while ``jaxpr`` runs in program order: its inputs, every value from its definition
     to its last use, its outputs to the end, and the transients inside nested jaxprs (calls, checkpoints,
-    custom derivative rules, loop bodies)."""
+    custom derivative rules, loop bodies). Values that XLA would fuse away (``ELEMENTWISE`` chains) take no
+    memory."""
     last: dict[Any, int] = {}
     n = len(jaxpr.eqns)
     for i, eqn in enumerate(jaxpr.eqns):
@@ -65,20 +100,22 @@ def live_peak(jaxpr) -> int:
     for v in jaxpr.outvars:
         if not isinstance(v, jax.extend.core.Literal):
             last[v] = n
+    fused = _fused(jaxpr)
+    size = lambda v: 0 if v in fused else nbytes(v.aval)  # noqa: E731
     inputs = {*jaxpr.invars, *jaxpr.constvars}
     live = sum(nbytes(v.aval) for v in inputs)
     peak = live
     for i, eqn in enumerate(jaxpr.eqns):
-        out = sum(nbytes(v.aval) for v in eqn.outvars)
+        out = sum(size(v) for v in eqn.outvars)
         inner = 0
         for sub in _subjaxprs(eqn):
             edge = sum(nbytes(v.aval) for v in (*sub.invars, *sub.outvars))
             inner = max(inner, live_peak(sub) - edge)
         peak = max(peak, live + out + inner)
-        live += sum(nbytes(v.aval) for v in eqn.outvars if v in last)
+        live += sum(size(v) for v in eqn.outvars if v in last)
         for v in {v for v in eqn.invars if not isinstance(v, jax.extend.core.Literal)}:
             if last.get(v) == i and v not in inputs:
-                live -= nbytes(v.aval)
+                live -= size(v)
     return peak
 
 

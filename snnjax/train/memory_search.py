@@ -5,8 +5,10 @@
    flops.
 2. Candidates, presumed fastest first: no checkpointing with float spikes, then with bit-packed spikes,
    then the units switched to ``units`` (recompute the unit from its input) one by one, in the order of
-   the bytes each saves per recomputed flop (the best trade first), then, where the backend has host
-   memory, the optimizer state offloaded as well.
+   the bytes each saves per recomputed flop (the best trade first); then, when offloading is searched
+   (``parallel.offload="auto"`` on a backend whose host memory is not its device memory), the same plans
+   with the optimizer state in host memory: offloading moves the whole optimizer state over the host link
+   twice per step, which is presumed slower than any recomputation.
 3. The first candidate whose estimated peak (times a calibration, 1 at first) fits is compiled and XLA's
    ``memory_analysis`` of that program gives its true peak (arguments + outputs not aliasing them +
    temporaries). If it fits, it is chosen; if not, the calibration becomes measured / estimated and the
@@ -102,11 +104,13 @@ class Planned:
 
 
 def candidates(units: Sequence[dict[str, me.UnitMemory]], float_units: Sequence[dict[str, me.UnitMemory]],
-               base_bytes: int, offload: bool = False) -> list[Planned]:
+               base_bytes: int, offloads: Sequence[str] = ("none",), offloaded_bytes: int = 0) -> list[Planned]:
     """The candidates in the order the search tries them (see the module docstring), with their estimates.
 
     ``units``: ``memory_estimate.profile_units`` with bit-packed spikes; ``float_units``: the same with float
-    spikes (only ``none`` is used); ``base_bytes``: what lives through the whole step."""
+    spikes (only ``none`` is used); ``base_bytes``: what lives through the whole step; ``offloads``: the
+    ``snnjax.train.offload`` settings to try, in order, each with every checkpointing plan; ``offloaded_bytes``:
+    the device bytes that offloading the optimizer state frees."""
     names = [u["none"].name for u in units]
     none = ["none"] * len(units)
     plans = [Planned(Candidate(remat.NONE), me.estimate(float_units, none, base_bytes), 0.0),
@@ -121,10 +125,9 @@ def candidates(units: Sequence[dict[str, me.UnitMemory]], float_units: Sequence[
         per_unit = {n: p for n, p in zip(names, policies, strict=True) if p != "none"}
         plans.append(Planned(Candidate(remat.settings(per_unit, "bits")), me.estimate(units, policies, base_bytes),
                              flops))
-    if offload:
-        plans += [Planned(Candidate(p.candidate.settings, "opt_state"), p.estimate_bytes, p.recompute_flops)
-                  for p in plans]
-    return plans
+    return [Planned(Candidate(p.candidate.settings, offload),
+                    p.estimate_bytes - (offloaded_bytes if offload != "none" else 0), p.recompute_flops)
+            for offload in offloads for p in plans]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +145,7 @@ class SearchResult:
 
     def summary(self) -> str:
         mib = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
-        lines = [f"memory search: budget {mib(self.budget_bytes)}, {self.num_candidates} candidates estimated, "
+        lines = [f"memory search: budget {mib(self.budget_bytes)}, {self.num_candidates} candidates, "
                  f"{len(self.tried)} compiled, {self.optimize_ms / 1e3:.2f} s ({self.compile_ms / 1e3:.2f} s "
                  "compiling)"]
         for m in self.tried:
@@ -182,16 +185,18 @@ def search(plans: Sequence[Planned], compile_for: Callable[[Candidate], Any], bu
 
 
 def search_model(model, cfg, tx, batch: dict[str, Any], budget_bytes: int, *, inputs=None,
-                 offload: bool = False) -> SearchResult:
+                 offloads: Sequence[str] = ("none",)) -> SearchResult:
     """Profile ``model``'s units and ``search`` its candidates (timed as one) for train steps with ``cfg`` and
     optimizer ``tx`` on ``batch`` (``jax.ShapeDtypeStruct``s; ``inputs``: what the model sees, ``[T, N, ...]``,
-    where the step encodes ``batch["inputs"]`` first). ``model`` may be abstract; it ends configured as the
-    last compiled candidate."""
+    where the step encodes ``batch["inputs"]`` first), with each of ``offloads`` in turn. ``model`` may be
+    abstract; it ends configured as the last compiled candidate."""
     t0 = time.perf_counter()
     inputs = batch["inputs"] if inputs is None else inputs
     units = me.profile_units(model, inputs, "bits")
     float_units = me.profile_units(model, inputs, "float", policies=("none",))
-    plans = candidates(units, float_units, me.step_base_bytes(abstract_state(model, tx), batch), offload)
+    state = abstract_state(model, tx)
+    freed = me.state_bytes(state.opt_state) if offload_lib.saves_device_memory() else 0
+    plans = candidates(units, float_units, me.step_base_bytes(state, batch), offloads, freed)
     return search(plans, step_compiler(model, cfg, tx, batch), budget_bytes, started=t0)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from jax.sharding import SingleDeviceSharding
 
-OFFLOADS = ("none", "opt_state")
+OFFLOADS = ("none", "opt_state")  # what may live in host memory between steps
 
 
 def host_memory_kind(device: jax.Device | None = None) -> str | None:
@@ -35,13 +35,26 @@ def check(offload: str) -> None:
 def state_shardings(state: Any, offload: str, device: jax.Device | None = None):
     """Single-device shardings of a ``TrainState`` with its optimizer state in host memory (None: no offload)."""
     check(offload)
-    kind = host_memory_kind(device)
-    if offload == "none" or kind is None:
+    if offload == "none" or host_memory_kind(device) is None:
         return None
-    device = device or jax.devices()[0]
-    on_device, on_host = SingleDeviceSharding(device), SingleDeviceSharding(device, memory_kind=kind)
-    shardings = jax.tree.map(lambda _: on_device, state)
-    return shardings.replace(opt_state=jax.tree.map(lambda _: on_host, state.opt_state))
+    on_device = SingleDeviceSharding(device or jax.devices()[0])
+    return host_opt_state(jax.tree.map(lambda _: on_device, state), offload)
+
+
+def host_opt_state(shardings: Any, offload: str) -> Any:
+    """A ``TrainState`` of shardings (any kind: single-device, or a plan's ``NamedSharding``s) with the optimizer
+    state's moved to host memory when ``offload`` says so and the backend has a host memory kind."""
+    check(offload)
+    kind = host_memory_kind()
+    if offload == "none" or kind is None:
+        return shardings
+    return shardings.replace(opt_state=jax.tree.map(lambda s: s.with_memory_kind(kind), shardings.opt_state))
+
+
+def saves_device_memory(platform: str | None = None) -> bool:
+    """Whether offloading frees device memory on ``platform`` (default: JAX's backend): a host memory kind that is
+    not the device's own memory. On the CPU backend ``pinned_host`` is the same RAM, and XLA counts it as such."""
+    return (platform or jax.default_backend()) != "cpu" and host_memory_kind() is not None
 
 
 def to_memory(tree: Any, kind: str) -> Any:

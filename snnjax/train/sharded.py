@@ -15,12 +15,13 @@ from flax import nnx
 
 from snnjax.layers.conv_cpu import compiler_options
 from snnjax.parallel.plan import Plan
+from snnjax.train import offload as offload_lib
 from snnjax.train.step import StepConfig, TrainState, eval_step, train_step
 
 
 def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                *, batch_axes: Mapping[str, int] | None = None, batch_ndims: Mapping[str, int] | None = None,
-               donate: bool = True):
+               donate: bool = True, offload: str = "none"):
     """Shard ``state`` as ``p`` says; returns ``(state, step)``, ``step`` the jitted
     ``train_step(cfg, graphdef, tx, ...)`` with the plan's in/out shardings.
 
@@ -29,15 +30,17 @@ def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphD
     the batch keeps the shardings it arrives with (``plan.batch_sharding`` builds them).
     With ``donate`` (default) each step reuses its input state's buffers; arrays of ``state`` that
     ``device_put`` did not need to move are donated too, so do not reuse ``state`` after the first step.
+    ``offload="opt_state"`` keeps the optimizer state in host memory between steps (``snnjax.train.offload``).
     """
-    shardings = p.state_shardings(state, tx)
+    shardings = offload_lib.host_opt_state(p.state_shardings(state, tx), offload)
     state = jax.device_put(state, shardings)
     batch_sh = None
     if batch_axes is not None:
         if batch_ndims is None or set(batch_ndims) != set(batch_axes):
             raise ValueError("give batch_ndims for the same keys as batch_axes")
         batch_sh = {k: p.batch_sharding(batch_ndims[k], batch_axes[k]) for k in batch_axes}
-    step = jax.jit(functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params)),
+    step_fn = functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params))
+    step = jax.jit(offload_lib.wrap_step(step_fn, offload),
                    in_shardings=(shardings, batch_sh), out_shardings=(shardings, None),
                    donate_argnums=(0,) if donate else (), compiler_options=_compiler_options(p))
     return state, step
