@@ -353,6 +353,13 @@ def test_memory_budget_trains_with_the_plan_the_search_chose(tmp_path, capsys):
         validate(c)
 
 
+def test_memory_budget_is_the_device_memory_auto_plans_for(tmp_path, capsys):
+    c = load_config("digits")  # 0.3 MiB of replicated parameters, gradients and Adam state: over half of 0.5 MiB
+    c.num_steps, c.parallel.mode, c.parallel.memory_budget_mb = 2, "auto", 0.5
+    assert train_and_evaluate(c, tmp_path)["steps"] == 2
+    assert "mode zero2 on data=8" in capsys.readouterr().out
+
+
 def test_memory_budget_under_the_pipeline_chooses_the_microbatch_count(tmp_path, capsys):
     c = load_config("digits")
     c.num_steps, c.parallel.mode, c.parallel.mesh = 2, "pp", "stage=2,data=4"

@@ -89,7 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.parallel.remat = "none"
     c.parallel.spike_residuals = "float"
     # > 0: the memory search (snnjax/train/memory_search.py) picks the fastest checkpointing plan (policy per unit,
-    # spike storage) whose compiled peak per device fits this many MiB; parallel.remat must then stay "none"
+    # spike storage; with mode=pp also the microbatch count) whose compiled peak per device fits this many MiB;
+    # parallel.remat must then stay "none". Mode auto also plans its layout for this device memory.
     c.parallel.memory_budget_mb = 0.0
     # The optimizer state in host memory between steps (FSDP's cpu_offload; snnjax/train/offload.py): none, opt_state,
     # or auto (with memory_budget_mb: the search offloads when no checkpointing plan fits on its own). On the CPU

@@ -185,6 +185,7 @@ class Trainer:
                              sequence_parallel=c.parallel.sequence_parallel,
                              global_batch_size=c.global_batch_size // c.grad_accum_steps,
                              opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
+                             memory_budget_bytes=int(c.parallel.memory_budget_mb * 2**20) or None,
                              time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks, **pipeline)
 
     def _search_memory(self, model: nnx.Module, step_cfg: StepConfig, source, dtype):
