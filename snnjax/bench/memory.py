@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shape = (args.T, args.batch_size, size, size, channels)
     cfg = StepConfig(seed=0, time_steps=args.T, encoder=None)
     tx = optax.adam(1e-3)
-    abstract = nnx.eval_shape(lambda: create_model(args.model, kwargs, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: create_model(args.model, kwargs, rngs=nnx.Rngs(params=0, dropout=1)))
     batch_spec = {"inputs": jax.ShapeDtypeStruct(shape, jnp.float32),
                   "labels": jax.ShapeDtypeStruct((args.batch_size,), jnp.int32)}
     compile_for = ms.step_compiler(abstract, cfg, tx, batch_spec, analysis_only=False)
