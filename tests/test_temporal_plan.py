@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from snnjax import parallel
+from snnjax.bench import temporal as temporal_bench
 from snnjax.models import CIFAR10DVSVGG
 from snnjax.neurons import base as B
 from snnjax.neurons import dispatch
@@ -98,3 +99,13 @@ def test_per_device_memory_of_a_neuron_layer_falls_as_one_over_p():
     one = _layer_bytes(1, shape)
     for shards in (2, 4, 8):
         assert _layer_bytes(shards, shape) <= 1.1 * one / shards, shards
+
+
+def test_temporal_bench_records_each_impl_per_block():
+    if not dispatch.IMPLEMENTATIONS["native"].available():
+        pytest.skip("the native CPU kernels cannot be built here")
+    records = temporal_bench.layer_records(8, "time=2", 1, 4, ["xla", "native"], repeats=0)
+    assert [(r["neuron_impl"], r["block_impl"]) for r in records] == [("xla", "xla"), ("native", "native")]
+    for r in records:
+        assert r["collectives"]["collective-permute"]["count"] > 0 and r["ms"] is None
+        assert 0 < r["bubble"] < 1 and r["temp_bytes_per_device"] > 0

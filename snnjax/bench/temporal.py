@@ -90,23 +90,15 @@ def layer_records(t: int, spec: str, batch: int, width: int, impls: list[str], r
 
     shape = (t, batch, 48, 48, width)
     mesh = _mesh(spec)
-    shards = mesh.shape[temporal.TIME_AXIS]
     cfg = B.NeuronConfig(kind="LIF")
     sharding = NamedSharding(mesh, P("time"))
     x = jax.device_put(jax.random.normal(jax.random.key(0), shape, jnp.float32) + 0.5, sharding)
     ds = jax.device_put(jax.random.normal(jax.random.key(1), shape, jnp.float32), sharding)
 
     def fwd_bwd(impl):
-        def neuron(x):  # under time sharding: impl per block (auto: the kernel on KERNEL_BLOCK_BACKENDS only)
-            if shards == 1:
-                return dispatch.multistep(cfg, x, impl=impl)[0]
-            use = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
-            kernel = dispatch.IMPLEMENTATIONS[dispatch.resolve_impl(impl, cfg, x)].kernel if use else None
-            return temporal.multistep(cfg, x, kernel=kernel)[0]
-
-        def run(x, ds):
+        def run(x, ds):  # under time sharding the dispatcher runs impl per block
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                s, vjp = jax.vjp(neuron, x)
+                s, vjp = jax.vjp(lambda x: dispatch.multistep(cfg, x, impl=impl)[0], x)
                 return s, vjp(ds)[0]
         return run
 
