@@ -4,10 +4,13 @@ Flax's ``Conv`` and ``Linear`` already treat every leading axis as batch, so
 ``[T, N, H, W, C]`` runs as one merged ``[T*N]`` batch (SpikingJelly's
 ``SeqToANNContainer``) without an explicit reshape.
 
-Under a parallel plan whose batch is split over devices, ``Conv2d`` merges the
-batch as ``[N*T]`` instead: ``N`` is the split axis, and a merge with the split
-axis minor (``T*N``) cannot stay split, so XLA would gather the whole batch onto
-every device. The result is the same (each example is convolved on its own).
+Under a parallel plan that splits the batch (or the time steps) over devices,
+``Conv2d`` merges the two so that each device's examples stay its own: ``T`` and
+``N`` are each cut at their shard boundaries, the shard indices moved outermost
+(``N``'s, then ``T``'s) and the rest merged, a local rearrangement. A plain
+``T*N`` merge with a split axis minor cannot stay split, so XLA would gather the
+activations over that axis (and every device would then convolve them all).
+The result is the same (each example is convolved on its own).
 
 On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
 backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
@@ -21,7 +24,7 @@ import jax
 from flax import nnx
 
 from snnjax.layers import conv_cpu
-from snnjax.parallel.logical import annotate_layer, batch_is_split
+from snnjax.parallel.logical import annotate_layer, shards
 
 Axes = Sequence[str | None] | None
 
@@ -36,11 +39,16 @@ class Conv2d(nnx.Conv):
         super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        if inputs.ndim == 5 and batch_is_split():
-            t, n = inputs.shape[:2]
-            y = super().__call__(inputs.swapaxes(0, 1).reshape(n * t, *inputs.shape[2:]))
-            return y.reshape(n, t, *y.shape[1:]).swapaxes(0, 1)
-        return super().__call__(inputs)
+        pt, pn = shards("time"), shards("batch")
+        if inputs.ndim != 5 or pt * pn == 1:
+            return super().__call__(inputs)
+        t, n, *rest = inputs.shape
+        pt, pn = (pt, pn) if t % pt == 0 and n % pn == 0 else (1, 1)
+        # [T, N] -> [pt, T/pt, pn, N/pn] -> [pn, pt, N/pn, T/pt] -> [N*T]: each device's block contiguous
+        x = inputs.reshape(pt, t // pt, pn, n // pn, *rest).transpose(2, 0, 3, 1, 4, 5, 6)
+        y = super().__call__(x.reshape(n * t, *rest))
+        y = y.reshape(pn, pt, n // pn, t // pt, *y.shape[1:]).transpose(1, 3, 0, 2, 4, 5, 6)
+        return y.reshape(t, n, *y.shape[4:])
 
 
 def conv2d(in_channels: int, out_channels: int, kernel_size: int, *, stride: int = 1, padding: int = 0,

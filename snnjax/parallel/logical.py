@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -107,15 +108,20 @@ def activation_rules(mesh: Mesh, rules: Mapping[str, str | tuple[str, ...] | Non
         _ACTIVE.reset(token)
 
 
-def batch_is_split() -> bool:
-    """Whether the active rules (if any) split the ``batch`` axis over more than one device."""
+def shards(name: str) -> int:
+    """The number of devices the active rules (if any) split the logical axis ``name`` over."""
     active = _ACTIVE.get()
     if active is None:
-        return False
+        return 1
     mesh, rules = active
-    axes = rules.get("batch") or ()
+    axes = rules.get(name) or ()
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    return any(mesh.shape[a] > 1 for a in axes)
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def batch_is_split() -> bool:
+    """Whether the active rules (if any) split the ``batch`` axis over more than one device."""
+    return shards("batch") > 1
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
