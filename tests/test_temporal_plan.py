@@ -109,3 +109,11 @@ def test_temporal_bench_records_each_impl_per_block():
     for r in records:
         assert r["collectives"]["collective-permute"]["count"] > 0 and r["ms"] is None
         assert 0 < r["bubble"] < 1 and r["temp_bytes_per_device"] > 0
+
+
+@pytest.mark.parametrize("spec", ["time=2,data=4", "time=4,data=2"])
+def test_time_and_data_split_gather_no_activations(spec):
+    """Convolutions merge [T, N] with each device's block contiguous, so the step gathers nothing over time."""
+    records = temporal_bench.model_records(8, spec, 8, 16, ["xla"], repeats=0)
+    assert "all-gather" not in records[0]["collectives"] and "all-to-all" not in records[0]["collectives"]
+    assert records[0]["collectives"]["collective-permute"]["count"] > 0  # the neurons' pipeline
