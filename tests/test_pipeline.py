@@ -63,6 +63,9 @@ def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: in
         plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
                              pipeline=PipelineOptions(schedule, virtual, microbatches))
     first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    if plan.packing is not None:  # each device held its stages' parameters: compare the trees
+        state = plan.packing.unpack_state(state)
+        first = dict(first, grads=plan.packing.unpack(first["grads"]))
     return jax.device_get(first), jax.device_get(state), plan, compiled
 
 
@@ -153,3 +156,18 @@ def test_print_summary_shows_the_schedule():
     assert "pipeline: 1f1b over stage=2, 2 microbatches" in text and "bubble 33.3%" in text
     assert "d0: F0 F1" in text and "stage 1 (device 1):" in text and "head" in text
     assert sum(plan.pipeline.layout) == 9
+
+
+def test_each_device_stores_only_its_stages_parameters():
+    model, _ = build("vgg")
+    mesh = mesh_lib.make_mesh("stage=2,data=4", jax.devices()[:8])
+    plan = parallel.plan(model, mesh, mode="pp", global_batch_size=8, pipeline=PipelineOptions("1f1b", 1, 2, "4|5"))
+    packing, params = plan.packing, nnx.split(model, nnx.Param, ...)[1]
+    packed = packing.pack(params)
+    assert packed.shape == (2, packing.width)
+    for a, b in zip(jax.tree.leaves(packing.unpack(packed)), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sizes = [sum(int(np.prod(s)) for s, d in zip(packing.shapes, packing.device, strict=True) if d == dev)
+             for dev in range(2)]
+    assert packing.width == max(sizes) and sum(sizes) == sum(x.size for x in jax.tree.leaves(params))
+    assert plan.totals()["param_bytes_per_device"] == packing.width * 8  # float64: one row, not every stage

@@ -194,7 +194,7 @@ def _phase_fns(p, state, cfg, graphdef):
 
     def loss(params, rngs, model_state, batch):
         fresh = functools.partial(jax.tree.map, lambda v: v)  # NNX Variables of this trace level
-        model = nnx.merge(graphdef, layout.constrain_params(params), fresh(rngs), fresh(model_state))
+        model = nnx.merge(graphdef, layout.model_params(params), fresh(rngs), fresh(model_state))
         x = model_inputs(cfg, batch["inputs"], jax.random.key(cfg.seed))
         x = constrain(x, ("time", "batch") + (None,) * (x.ndim - 2))
         return classification_loss(model(x), constrain(batch["labels"], ("batch",)), cfg.loss).mean()

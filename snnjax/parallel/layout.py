@@ -16,7 +16,8 @@ from snnjax.parallel.logical import activation_rules
 class StepLayout:
     """A plan as the train / eval steps use it (``Plan.step_layout`` builds it).
 
-    ``params`` / ``grads``: sharding trees shaped like the parameters (or None: no constraint);
+    ``params`` / ``grads``: sharding trees shaped like the parameters (or None: no constraint; with ``packing``,
+    ``params`` is the tree's compute layout and the state holds the packed rows);
     ``rules``: logical name -> mesh axes for activation constraints. ``StepLayout()`` (no mesh) is
     the single-device step: no context, no constraints.
     """
@@ -26,6 +27,11 @@ class StepLayout:
     params: Any = None
     grads: Any = None
     pipeline: Any = None  # a snnjax.parallel.pipeline.PipelineSpec: gradients through the pipeline over ``stage``
+    packing: Any = None  # a snnjax.parallel.stage_params.StagePacking: the parameters are its [S, width] rows
+
+    def model_params(self, params):
+        """The parameter tree the model merges (unpacked from the pipeline's rows), in its compute layout."""
+        return self.constrain_params(self.packing.unpack(params) if self.packing is not None else params)
 
     @contextlib.contextmanager
     def context(self):

@@ -45,6 +45,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from snnjax.parallel import pipeline_tables, schedules
+from snnjax.parallel.stage_params import StagePacking, leaf_stages
 from snnjax.parallel.variables import fresh, owner, path_str
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
@@ -99,13 +100,20 @@ def _from_flat(buf: jax.Array, shape: Sequence[int]) -> jax.Array:
 
 
 def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, params, rngs, model_state,
-                       xs: jax.Array, ys: jax.Array, drop_key: jax.Array, *, loss_fn, acc_dtype):
+                       xs: jax.Array, ys: jax.Array, drop_key: jax.Array, *, loss_fn, acc_dtype,
+                       packing: StagePacking | None = None):
     """Summed gradients over ``M`` microbatches through the pipeline.
 
     ``xs [M, T, mb, ...]`` the microbatches' model inputs, ``ys [M, mb]`` their labels;
     ``loss_fn(logits, labels) -> (loss, accuracy)`` (per-microbatch means, scalars in ``acc_dtype``). Returns
     ``(grads, model_state, loss_sum, acc_sum)``: gradients of the summed per-microbatch losses,
     BatchNorm statistics after the M microbatches, and the sums of the losses and accuracies.
+    With ``packing`` (``snnjax.parallel.stage_params``), ``params`` and the gradients are ``[S, width]``, sharded
+    over ``stage``: each device reads its stages' parameters from its own row and writes their gradients there.
+    The rows, and the parameters and gradients cut from them, are whole on every device of a stage (the
+    layers then take their shards locally); left to propagation, cutting a row that the partitioner had
+    split needed collective-permutes inside a stage's branch, which XLA:CPU runs as a rendezvous of every
+    device (a deadlock).
     """
     sched = spec.make_schedule()
     schedules.validate(sched)
@@ -113,18 +121,21 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
     num_g, s_count = sched.num_stages, spec.stages
     ranges = spec.unit_ranges()
 
+    params_in = params
+    if packing is not None:  # the tree, abstract: every device builds its stages' parameters from its own row
+        params = packing.abstract_tree()
     probe = nnx.merge(graphdef, params, fresh(rngs), fresh(model_state))
     units = probe.units()
     if ranges[-1][1] != len(units):
         raise ValueError(f"the pipeline layout {spec.layout} covers {ranges[-1][1]} units, but the model has "
                          f"{len(units)} ({[u.name for u in units]}); the counts must add up to {len(units)}")
     unit_stage = np.repeat(np.arange(num_g), spec.layout)
-    p_leaves, p_def = jax.tree_util.tree_flatten_with_path(params)
-    p_paths = [path_str(p) for p, _ in p_leaves]
     owns = [u.owns for u in units]
-    leaf_stage = [int(unit_stage[owner(owns, path)]) for path in p_paths]
+    p_values, p_def = jax.tree.flatten(params)
+    if packing is None:
+        params_in = p_values
+    leaf_stage = leaf_stages(params, owns, spec.layout)
     own = [[i for i, st in enumerate(leaf_stage) if st == g] for g in range(num_g)]
-    p_values = [v for _, v in p_leaves]
 
     def run_stage(g, own_values, all_values, ms, x, m, rngs=rngs, drop_key=drop_key):
         values = list(all_values)
@@ -159,9 +170,17 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         loss, correct = loss_fn(out, y_labels)
         return loss, (new_ms, correct)
 
-    def body(values, model_state_in, rngs_in, key_in, xs_local, ys_local):
+    def body(stored, model_state_in, rngs_in, key_in, xs_local, ys_local):
         d = jax.lax.axis_index("stage")
         stage_loss_here = functools.partial(stage_loss, rngs=rngs_in, drop_key=key_in)
+
+        def values_for(g):
+            """Every parameter leaf for stage ``g``'s code: its own real, the others placeholders (unused)."""
+            if packing is None:
+                return stored
+            mine = packing.leaves_of(_whole(stored[0]), g % s_count)
+            mine = {i: _whole(v) for i, v in mine.items()}
+            return [mine[i] if i in mine else jnp.zeros(v.shape, v.dtype) for i, v in enumerate(p_values)]
         # What B keeps for W (zero-bubble): the VJP's residuals (not the parameters themselves) and the output
         # cotangent, each in a buffer of its own shape (reshaping split arrays would reshard them). Stages share
         # buffers of equal shape and dtype: the pool holds, per shape, the most any one stage needs.
@@ -170,7 +189,8 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             for g in range(num_g):
                 out_like = in_shapes[g + 1] if g + 1 < num_g else jax.ShapeDtypeStruct((), acc_dtype)
                 w_treedef[g], like, w_source[g] = _residual_layout(
-                    functools.partial(stage_loss_here, g), own[g], values, model_state_in, in_shapes[g], ys, g == 0)
+                    functools.partial(stage_loss_here, g), own[g], values_for(g), model_state_in, in_shapes[g], ys,
+                    g == 0)
                 kept = [a for a, i in zip(like, w_source[g], strict=True) if i < 0] + [out_like]
                 w_slot_of[g] = _pool_slots(pool, [(tuple(a.shape), jnp.dtype(a.dtype)) for a in kept])
 
@@ -183,7 +203,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
 
         zeros_send = jnp.zeros((mb, f_max), act_dtype)
 
-        def vjp_of(g, carry, x, m):
+        def vjp_of(g, values, carry, x, m):
             labels = jax.lax.dynamic_index_in_dim(ys_local, m, keepdims=False)
             return _stage_vjp(functools.partial(stage_loss_here, g), own[g], values, carry["ms"], x, m, labels, g == 0)
 
@@ -195,6 +215,8 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             return _from_flat(buf, shape)
 
         def add_grads(g, grads, d_own):
+            if packing is not None:
+                return grads + packing.row(g % s_count, {i: _whole(dv) for i, dv in zip(own[g], d_own, strict=True)})
             grads = list(grads)
             for i, dv in zip(own[g], d_own, strict=True):
                 grads[i] = grads[i] + dv
@@ -204,6 +226,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             m = row["microbatch"]
             x = stage_input(g, carry["act"], row["act_read"], m)
             labels = jax.lax.dynamic_index_in_dim(ys_local, m, keepdims=False)
+            values = values_for(g)
             out, (ms, correct) = stage_loss_here(g, [values[i] for i in own[g]], values, carry["ms"], x, m, labels)
             carry = dict(carry, ms=ms)
             if g == num_g - 1:
@@ -214,7 +237,8 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         def b_branch(g, carry, row):
             m = row["microbatch"]
             x = stage_input(g, carry["act"], row["act_read"], m)
-            vjp = vjp_of(g, carry, x, m)
+            values = values_for(g)
+            vjp = vjp_of(g, values, carry, x, m)
             dy = out_cotangent(g, carry, row["cot_read"])
             cts = vjp(dy)
             send = zeros_send if g == 0 else _to_flat(cts[1], f_max)
@@ -230,11 +254,12 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
 
         def w_branch(g, carry, row):
             # The VJP rebuilt from what B stored (and the parameters): no forward runs here.
-            stored = iter(jax.lax.dynamic_index_in_dim(carry["w"][k], row["w_read"], keepdims=False)
-                          for k in w_slot_of[g])
-            leaves = [next(stored) if i < 0 else values[i] for i in w_source[g]]
+            kept = iter(jax.lax.dynamic_index_in_dim(carry["w"][k], row["w_read"], keepdims=False)
+                        for k in w_slot_of[g])
+            values = values_for(g)
+            leaves = [next(kept) if i < 0 else values[i] for i in w_source[g]]
             vjp = jax.tree_util.tree_unflatten(w_treedef[g], leaves)
-            d_own = vjp(next(stored))[0]
+            d_own = vjp(next(kept))[0]
             return dict(carry, grads=add_grads(g, carry["grads"], d_own)), zeros_send, zeros_send
 
         def idle(carry, row):
@@ -258,16 +283,20 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             "act": jnp.zeros((tables.act_slots + 1, mb, f_max), act_dtype),
             "cot": jnp.zeros((tables.cot_slots + 1, mb, f_max), act_dtype),
             "w": [jnp.zeros((tables.w_slots + 1, *shape), dtype) for shape, dtype in pool],
-            "grads": [jnp.zeros(v.shape, v.dtype) for v in values],
+            "grads": (jnp.zeros(packing.width, packing.dtype) if packing is not None
+                      else [jnp.zeros(v.shape, v.dtype) for v in stored]),
             "ms": model_state_in,
             "loss": jnp.zeros((), acc_dtype),
             "acc": jnp.zeros((), acc_dtype),
         }
         carry, _ = jax.lax.scan(tick, carry, {k: jnp.asarray(v) for k, v in tables.arrays().items()})
         # Each leaf's gradient and BatchNorm statistics live on the device of the stage that owns them.
-        mine = [leaf_stage[i] % s_count == d for i in range(len(values))]
-        grads = [jax.lax.psum(jnp.where(keep, gr, 0), "stage")
-                 for gr, keep in zip(carry["grads"], mine, strict=True)]
+        if packing is not None:  # each device's row holds its own stages' gradients
+            grads = carry["grads"][None]
+        else:
+            mine = [leaf_stage[i] % s_count == d for i in range(len(p_values))]
+            grads = [jax.lax.psum(jnp.where(keep, gr, 0), "stage")
+                     for gr, keep in zip(carry["grads"], mine, strict=True)]
         ms_leaves, ms_def = jax.tree_util.tree_flatten_with_path(carry["ms"])
         ms_out = [jax.lax.psum(jnp.where(ms_owner[path_str(p)] % s_count == d, v, 0), "stage")
                   for p, v in ms_leaves]
@@ -282,11 +311,18 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
     for p, _ in jax.tree_util.tree_flatten_with_path(model_state)[0]:
         ms_owner[path_str(p)] = int(unit_stage[owner(owns, path_str(p))])
 
-    specs = PartitionSpec()
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(specs,) * 6, out_specs=(specs,) * 4,
-                       axis_names=frozenset({"stage"}), check_vma=False)
-    grads, ms_out, loss, acc = fn(p_values, model_state, rngs, drop_key, xs, ys)
-    return jax.tree_util.tree_unflatten(p_def, grads), ms_out, loss, acc
+    specs, rows = PartitionSpec(), PartitionSpec("stage")
+    packed = packing is not None
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(rows if packed else specs,) + (specs,) * 5,
+                       out_specs=(rows if packed else specs,) + (specs,) * 3, axis_names=frozenset({"stage"}),
+                       check_vma=False)
+    grads, ms_out, loss, acc = fn(params_in, model_state, rngs, drop_key, xs, ys)
+    return (grads if packed else jax.tree_util.tree_unflatten(p_def, grads)), ms_out, loss, acc
+
+
+def _whole(x: jax.Array) -> jax.Array:
+    """``x`` unsplit over the mesh axes the partitioner handles (inside the ``shard_map`` over ``stage``)."""
+    return jax.lax.with_sharding_constraint(x, PartitionSpec())
 
 
 def _vjp_leaves(vjp, values, source):

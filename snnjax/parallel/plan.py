@@ -37,6 +37,7 @@ from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import logical_axes
 from snnjax.parallel.pipeline import PipelineSpec
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.parallel.stage_params import StagePacking, leaf_stages
 from snnjax.parallel.variables import flat_vars, is_var, path_str, split_state, value
 
 # -- plan ---------------------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class Plan:
     time_blocks: int = 0  # neuron blocks of the temporal pipeline (0: automatic)
     pipeline: PipelineSpec | None = None  # mode "pp": the pipeline over ``stage`` (snnjax.parallel.pipeline)
     pipeline_summary: dict[str, Any] | None = None  # its schedule, bubble, stage inputs held (pipeline_plan.summary)
+    packing: StagePacking | None = None  # mode "pp": each device stores its stages' parameters (stage_params)
 
     @property
     def rules(self) -> Mapping[str, Any]:
@@ -107,6 +109,11 @@ class Plan:
 
     def totals(self) -> dict[str, int]:
         total = sum(p.bytes for p in self.params)
+        if self.packing is not None:  # one row of the packed parameters (and of each optimizer slot) per device
+            row = self.packing.width * np.dtype(self.packing.dtype).itemsize // self.axis_sizes["fsdp"]
+            return {"param_bytes": total, "param_bytes_per_device": row, "grad_bytes_per_device": row,
+                    "optimizer_bytes_per_device": self.opt_slots * row,
+                    "optimizer_bytes_replicated": self.opt_slots * total}
         grad = sum(_local_bytes(p.shape, p.layout.grad, self.axis_sizes, np.dtype(p.dtype).itemsize)
                    for p in self.params)
         return {"param_bytes": total, "param_bytes_per_device": sum(p.param_bytes for p in self.params),
@@ -172,9 +179,15 @@ class Plan:
                                      transform_non_params=lambda _: replicated, is_leaf=is_var)
 
     def state_shardings(self, state, tx):
-        """Shardings of a ``TrainState`` (step and RNG streams replicated)."""
+        """Shardings of a ``TrainState`` (step and RNG streams replicated; packed pipeline rows over ``stage``)."""
         mesh = self._require_mesh()
         replicated = NamedSharding(mesh, PartitionSpec())
+        if self.packing is not None and self.packing.is_packed(state.params):
+            rows = NamedSharding(mesh, PartitionSpec("stage", "fsdp" if self.axis_sizes["fsdp"] > 1 else None))
+            return state.replace(step=replicated, params=rows, rngs=jax.tree.map(lambda _: replicated, state.rngs),
+                                 model_state=self.model_state_shardings(state.model_state),
+                                 opt_state=jax.tree.map(lambda x: rows if self.packing.is_packed(x) else replicated,
+                                                        state.opt_state))
         return state.replace(step=replicated, params=self.param_shardings(state.params),
                              rngs=jax.tree.map(lambda _: replicated, state.rngs),
                              model_state=self.model_state_shardings(state.model_state),
@@ -186,8 +199,13 @@ class Plan:
 
     def step_layout(self, params) -> StepLayout:
         """The ``StepLayout`` the train / eval steps take for this plan (``params`` gives the tree's shape)."""
-        kw = dict(mesh=self._require_mesh(), rules=self.rules, params=self.param_shardings(params, "compute"),
-                  grads=self.param_shardings(params, "grad"))
+        if self.packing is not None and self.packing.is_packed(params):
+            tree = self.packing.abstract_tree()
+            kw = dict(mesh=self._require_mesh(), rules=self.rules, packing=self.packing,
+                      params=self.param_shardings(tree, "compute"))
+        else:
+            kw = dict(mesh=self._require_mesh(), rules=self.rules, params=self.param_shardings(params, "compute"),
+                      grads=self.param_shardings(params, "grad"))
         if self.pipeline is not None:
             kw["pipeline"] = self.pipeline
         if self.axis_sizes.get("time", 1) > 1:
@@ -355,7 +373,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
                  if path.endswith("kernel") and tp_role(names)]
     n_bn = sum(1 for path, var in flat_vars(model_state) if isinstance(var, nnx.BatchStat) and path.endswith("mean"))
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
-    spec, summary = None, None
+    spec, summary, packing = None, None, None
     if pp:
         spec, why = pipeline_plan.make_spec(model_or_state, sizes["stage"], pipeline or PipelineOptions(),
                                             global_batch_size=global_batch_size,
@@ -363,8 +381,12 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
                                             dtype=compute_dtype or np.float32)
         reasons += why
         summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
+        tree = nnx.split(model_or_state, nnx.Param, ...)[1]  # as the train state holds it
+        stages = leaf_stages(tree, [u.owns for u in model_or_state.units()], spec.layout)
+        packing = StagePacking.build(tree, [g % sizes["stage"] for g in stages], sizes["stage"], sizes["fsdp"])
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,
                 opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected,
-                time_steps=time_steps, time_blocks=time_blocks, pipeline=spec, pipeline_summary=summary)
+                time_steps=time_steps, time_blocks=time_blocks, pipeline=spec, pipeline_summary=summary,
+                packing=packing if pp else None)
 
 

@@ -247,7 +247,8 @@ class Trainer:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
                                       "--config.resume=True to start fresh, or pass the run's --workdir")
             reader = Checkpointer(ckpt_dir, self.c.keep_checkpoints, read_only=True)
-            self.state, meta = reader.restore(self.state)
+            tree_state, meta = reader.restore(self._as_tree(self.state))
+            self.state = self._as_stored(tree_state)
             reader.close()
             self.skipped_steps = int(meta.get("skipped_steps", 0))
             if meta.get("global_batch_size") != self.c.global_batch_size or meta.get("data") != self.c.data.name:
@@ -260,10 +261,23 @@ class Trainer:
                                   "run, or choose another --workdir (nothing was overwritten)")
         self.checkpointer = Checkpointer(ckpt_dir, self.c.keep_checkpoints)
 
+    def _as_tree(self, state):
+        """``state`` with the model's parameter tree: checkpoints hold that, so they restore into any layout (the
+        pipeline stores each device's parameters packed, ``snnjax.parallel.stage_params``)."""
+        packing = self.plan.packing
+        return state if packing is None else jax.jit(packing.unpack_state)(state)
+
+    def _as_stored(self, tree_state):
+        """Inverse of ``_as_tree``: the layout's own form, placed as ``self.state`` is."""
+        packing = self.plan.packing
+        if packing is None:
+            return tree_state
+        return jax.jit(packing.pack_state, out_shardings=jax.tree.map(lambda x: x.sharding, self.state))(tree_state)
+
     def _save(self) -> None:
         meta = {"global_batch_size": self.c.global_batch_size, "data": self.c.data.name,
                 "skipped_steps": self.skipped_steps, "config": json.loads(self.c.to_json_best_effort())}
-        self.checkpointer.save(self.state, meta)
+        self.checkpointer.save(self._as_tree(self.state), meta)
 
     def _close_checkpoints(self) -> None:
         """Wait for the last save (``CheckpointError`` if it failed) and release the checkpoint manager."""

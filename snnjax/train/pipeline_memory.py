@@ -81,6 +81,8 @@ def step_compiler(model, cfg, tx, batch: dict[str, Any], plan_for: Callable[[int
         remat.configure(model, candidate.settings)
         graphdef = split_model(model)[0]
         state = ms.abstract_state(model, tx)
+        if plan.packing is not None:
+            state = jax.eval_shape(plan.packing.pack_state, state)
         shardings = offload_lib.host_opt_state(plan.state_shardings(state, tx), candidate.offload)
         step_fn = functools.partial(train_step, cfg, graphdef, tx, layout=plan.step_layout(state.params))
         step = jax.jit(offload_lib.wrap_step(step_fn, candidate.offload),

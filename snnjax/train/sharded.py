@@ -31,7 +31,11 @@ def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphD
     With ``donate`` (default) each step reuses its input state's buffers; arrays of ``state`` that
     ``device_put`` did not need to move are donated too, so do not reuse ``state`` after the first step.
     ``offload="opt_state"`` keeps the optimizer state in host memory between steps (``snnjax.train.offload``).
+    Under a pipeline plan the returned state holds the parameters packed per device (``plan.packing``;
+    ``plan.packing.unpack_state`` gives back the tree).
     """
+    if p.packing is not None and not p.packing.is_packed(state.params):  # pipeline: each device its stages' rows
+        state = p.packing.pack_state(state)
     shardings = offload_lib.host_opt_state(p.state_shardings(state, tx), offload)
     state = jax.device_put(state, shardings)
     batch_sh = None

@@ -177,10 +177,11 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, acc_dtype):
     """Summed gradients of the ``k`` microbatches through ``layout.pipeline`` (``snnjax.parallel.pipeline``)."""
     xs, ys = _microbatches(x, labels, k)
-    params = layout.constrain_params(state.params)
+    params = layout.constrain_params(state.params) if layout.packing is None else state.params
     grads, model_state, loss_sum, acc_sum = pipeline_gradients(
         layout.pipeline, layout.mesh, graphdef, params, state.rngs, state.model_state, xs, ys, drop_key,
-        loss_fn=lambda logits, y: loss_and_accuracy(cfg, logits, y, acc_dtype), acc_dtype=acc_dtype)
+        loss_fn=lambda logits, y: loss_and_accuracy(cfg, logits, y, acc_dtype), acc_dtype=acc_dtype,
+        packing=layout.packing)
     grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     return grads, model_state, loss_sum, acc_sum
 
@@ -194,8 +195,7 @@ def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch:
 
 def _eval_step(cfg, graphdef, state, batch, index, layout):
     key = jax.random.fold_in(jax.random.key(cfg.seed + 1), index)
-    params = layout.constrain_params(state.params)
-    model = nnx.merge(graphdef, params, state.rngs, state.model_state)
+    model = nnx.merge(graphdef, layout.model_params(state.params), state.rngs, state.model_state)
     model.eval()
     logits = model(model_inputs(cfg, batch["inputs"], key))
     mask = batch["mask"].astype(jnp.float32)
