@@ -33,8 +33,8 @@ code changes with the layout:
 
 * this module's activation rules (``activation_rules``): ``constrain(x, names)``
   maps logical names onto the mesh (a no-op without rules, so the same model code
-  runs unsharded, in tests and in notebooks); ``batch_is_split()`` makes
-  ``layers.conv.Conv2d`` merge ``[T, N]`` as ``[N*T]`` so a split batch stays split;
+  runs unsharded, in tests and in notebooks); ``shards(name)`` tells
+  ``layers.conv.Conv2d`` how ``[T, N]`` is split, so its merge keeps each device's block;
 * JAX's own mesh context (``jax.sharding.use_abstract_mesh``), which
   ``snnjax.neurons.dispatch`` reads through ``jax.sharding.get_abstract_mesh()`` to
   choose the neuron implementation.
@@ -117,11 +117,6 @@ def shards(name: str) -> int:
     axes = rules.get(name) or ()
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     return math.prod(mesh.shape[a] for a in axes)
-
-
-def batch_is_split() -> bool:
-    """Whether the active rules (if any) split the ``batch`` axis over more than one device."""
-    return shards("batch") > 1
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:

@@ -264,8 +264,11 @@ class Trainer:
     def _as_tree(self, state):
         """``state`` with the model's parameter tree: checkpoints hold that, so they restore into any layout (the
         pipeline stores each device's parameters packed, ``snnjax.parallel.stage_params``)."""
-        packing = self.plan.packing
-        return state if packing is None else jax.jit(packing.unpack_state)(state)
+        return state if self.plan.packing is None else self._unpack_state(state)
+
+    @functools.cached_property
+    def _unpack_state(self):  # jitted once: every checkpoint save calls it
+        return jax.jit(self.plan.packing.unpack_state)
 
     def _as_stored(self, tree_state):
         """Inverse of ``_as_tree``: the layout's own form, placed as ``self.state`` is."""

@@ -17,18 +17,16 @@ microbatches and a plan that keeps at least as much.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from snnjax.layers.conv_cpu import compiler_options
 from snnjax.models import remat
 from snnjax.train import memory_search as ms
-from snnjax.train import offload as offload_lib
-from snnjax.train.step import split_model, train_step
+from snnjax.train.sharded import plan_step
+from snnjax.train.step import split_model
 
 PLANS = (remat.NONE, remat.settings("none", "bits"), remat.settings("units", "bits"))  # most kept first
 RECOMPUTE_FACTOR = 4 / 3
@@ -79,20 +77,11 @@ def step_compiler(model, cfg, tx, batch: dict[str, Any], plan_for: Callable[[int
     def compile_for(candidate: PipelineCandidate):
         plan = plan_for(candidate.microbatches)
         remat.configure(model, candidate.settings)
-        graphdef = split_model(model)[0]
         state = ms.abstract_state(model, tx)
         if plan.packing is not None:
             state = jax.eval_shape(plan.packing.pack_state, state)
-        shardings = offload_lib.host_opt_state(plan.state_shardings(state, tx), candidate.offload)
-        step_fn = functools.partial(train_step, cfg, graphdef, tx, layout=plan.step_layout(state.params))
-        step = jax.jit(offload_lib.wrap_step(step_fn, candidate.offload),
-                       in_shardings=(shardings, batch_shardings(plan)), out_shardings=(shardings, None),
-                       donate_argnums=0, compiler_options={**(compiler_options(_platform(plan)) or {}),
-                                                           **ms.ANALYSIS_OPTIONS})
+        _, step = plan_step(plan, state, cfg, split_model(model)[0], tx, batch_shardings=batch_shardings(plan),
+                            offload=candidate.offload, compiler_options=ms.ANALYSIS_OPTIONS)
         return step.lower(state, batch).compile()
 
     return compile_for
-
-
-def _platform(plan) -> str:
-    return plan.mesh.devices.flat[0].platform

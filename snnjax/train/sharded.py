@@ -36,18 +36,26 @@ def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphD
     """
     if p.packing is not None and not p.packing.is_packed(state.params):  # pipeline: each device its stages' rows
         state = p.packing.pack_state(state)
-    shardings = offload_lib.host_opt_state(p.state_shardings(state, tx), offload)
-    state = jax.device_put(state, shardings)
     batch_sh = None
     if batch_axes is not None:
         if batch_ndims is None or set(batch_ndims) != set(batch_axes):
             raise ValueError("give batch_ndims for the same keys as batch_axes")
         batch_sh = {k: p.batch_sharding(batch_ndims[k], batch_axes[k]) for k in batch_axes}
+    shardings, step = plan_step(p, state, cfg, graphdef, tx, batch_shardings=batch_sh, donate=donate, offload=offload)
+    return jax.device_put(state, shardings), step
+
+
+def plan_step(p: Plan, state, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
+              batch_shardings=None, donate: bool = True, offload: str = "none", compiler_options=None):
+    """``(state shardings, jitted step)`` for ``state`` (arrays or ``jax.ShapeDtypeStruct``, in the plan's own
+    form: packed under a pipeline) as ``apply_plan`` builds them; ``compiler_options`` are added to the plan's."""
+    shardings = offload_lib.host_opt_state(p.state_shardings(state, tx), offload)
     step_fn = functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params))
     step = jax.jit(offload_lib.wrap_step(step_fn, offload),
-                   in_shardings=(shardings, batch_sh), out_shardings=(shardings, None),
-                   donate_argnums=(0,) if donate else (), compiler_options=_compiler_options(p))
-    return state, step
+                   in_shardings=(shardings, batch_shardings), out_shardings=(shardings, None),
+                   donate_argnums=(0,) if donate else (),
+                   compiler_options={**(_compiler_options(p) or {}), **(compiler_options or {})} or None)
+    return shardings, step
 
 
 def eval_fn(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef):
