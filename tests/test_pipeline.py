@@ -71,7 +71,8 @@ def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: in
 
 CASES = [(model, f"stage={s}", sched, 4, 2 if sched == "interleaved" else 1)
          for model in ("vgg", "spikformer") for s in (2, 4) for sched in pipeline_plan.SCHEDULES]
-CASES += [(model, "stage=2,data=2,tensor=2", "1f1b", 2, 1) for model in ("vgg", "spikformer")]
+CASES += [(model, "stage=2,data=2,tensor=2", sched, 2, 1) for model in ("vgg", "spikformer")
+          for sched in ("1f1b", "zero_bubble")]
 
 
 @pytest.mark.parametrize("model_name,mesh_spec,schedule,microbatches,virtual", CASES)

@@ -28,6 +28,8 @@ def main(argv=None) -> None:
     ap.add_argument("--microbatch-size", type=int, default=2)
     ap.add_argument("--T", type=int, default=4)
     ap.add_argument("--width-div", type=int, default=4, help="divide the model's widths by this (CPU sizes)")
+    ap.add_argument("--spike-residuals", default="float", choices=("float", "int8", "bits"),
+                    help="how layers after a neuron keep their 0/1 inputs for the backward")
     ap.add_argument("--steps", type=int, default=0, help="timed steps after one warm-up (0: compile only)")
     ap.add_argument("--out", default=None, help="append JSONL records here")
     args = ap.parse_args(argv)
@@ -40,7 +42,7 @@ def main(argv=None) -> None:
 
     from snnjax import parallel
     from snnjax.bench.common import append_jsonl, git_commit
-    from snnjax.models import CIFAR10DVSVGG, spikformer_ti
+    from snnjax.models import CIFAR10DVSVGG, remat, spikformer_ti
     from snnjax.parallel import mesh as mesh_lib
     from snnjax.parallel.pipeline_plan import PipelineOptions
     from snnjax.train import apply_plan
@@ -58,6 +60,7 @@ def main(argv=None) -> None:
                 model = spikformer_ti(T=args.T, img_size=32, num_classes=10, embed_dims=256 // args.width_div,
                                       num_heads=8, depths=4, rngs=nnx.Rngs(0))
                 shape = (args.T, batch, 32, 32, 3)
+            remat.configure(model, remat="none", spike_residuals=args.spike_residuals)
             graphdef, params, rngs, rest = split_model(model)
             tx = optax.adam(1e-3)
             for name in args.schedules:
@@ -87,7 +90,8 @@ def main(argv=None) -> None:
                 record = {
                     "benchmark": "pipeline", "model": args.model, "width_div": args.width_div, "T": args.T,
                     "schedule": name, "stages": stages, "virtual_stages": virtual, "microbatches": m,
-                    "microbatch_size": args.microbatch_size, "global_batch_size": batch,
+                    "microbatch_size": args.microbatch_size, "spike_residuals": args.spike_residuals,
+                    "global_batch_size": batch,
                     "layout": s["layout"], "bubble_fraction": s["bubble_fraction"], "ticks": s["ticks"],
                     "stage_inputs_held": s["stage_inputs_held"],
                     "activation_bytes_per_device": int(mem.temp_size_in_bytes),

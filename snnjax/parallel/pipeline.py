@@ -15,8 +15,9 @@ the schedule's tables names (``snnjax.parallel.pipeline_tables``) through ``lax.
   microbatch in microbatch order; the last stage computes the loss.
 * B: the stage's forward again from the kept stage input, and its VJP: the input cotangent goes to
   the previous stage and (combined backward) the parameter gradients are accumulated.
-* W (zero-bubble): B keeps the VJP's residuals and the output cotangent; W computes the parameter
-  gradients from them without running the forward.
+* W (zero-bubble): B runs only the input-gradient half of the backward and stores, per weight layer, the
+  layer's input and output cotangent (``snnjax.parallel.weight_split``); W runs the weight-gradient
+  contractions on them, with neither the forward nor the cotangent chain.
 
 Nothing is differentiated through the tick loop, so a stage holds only the stage inputs the
 schedule has in flight (1F1B: at most S; GPipe: M), in a buffer sized by the tables. After
@@ -44,7 +45,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from snnjax.parallel import pipeline_tables, schedules
+from snnjax.parallel import pipeline_tables, schedules, weight_split
 from snnjax.parallel.stage_params import StagePacking, leaf_stages
 from snnjax.parallel.variables import fresh, owner, path_str
 
@@ -181,18 +182,18 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             mine = packing.leaves_of(_whole(stored[0]), g % s_count)
             mine = {i: _whole(v) for i, v in mine.items()}
             return [mine[i] if i in mine else jnp.zeros(v.shape, v.dtype) for i, v in enumerate(p_values)]
-        # What B keeps for W (zero-bubble): the VJP's residuals (not the parameters themselves) and the output
-        # cotangent, each in a buffer of its own shape (reshaping split arrays would reshard them). Stages share
-        # buffers of equal shape and dtype: the pool holds, per shape, the most any one stage needs.
-        w_source, w_treedef, w_slot_of, pool = {}, {}, {}, []
+        # Zero-bubble: B runs the input-gradient half of the stage's backward and stores what the weight-gradient
+        # half (W) reads (``weight_split``), each array in a buffer of its own shape (reshaping split arrays would
+        # reshard them). Stages share buffers of equal shape and dtype: the pool holds, per shape, the most any
+        # one stage needs.
+        w_source, w_split, w_slot_of, pool = {}, {}, {}, []
         if sched.split_backward:
             for g in range(num_g):
                 out_like = in_shapes[g + 1] if g + 1 < num_g else jax.ShapeDtypeStruct((), acc_dtype)
-                w_treedef[g], like, w_source[g] = _residual_layout(
+                w_split[g], w_source[g] = _backward_split(
                     functools.partial(stage_loss_here, g), own[g], values_for(g), model_state_in, in_shapes[g], ys,
-                    g == 0)
-                kept = [a for a, i in zip(like, w_source[g], strict=True) if i < 0] + [out_like]
-                w_slot_of[g] = _pool_slots(pool, [(tuple(a.shape), jnp.dtype(a.dtype)) for a in kept])
+                    out_like, g == 0)
+                w_slot_of[g] = _pool_slots(pool, [(tuple(a.shape), jnp.dtype(a.dtype)) for a in w_split[g].stored])
 
         f_max = width
 
@@ -240,26 +241,21 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             values = values_for(g)
             vjp = vjp_of(g, values, carry, x, m)
             dy = out_cotangent(g, carry, row["cot_read"])
-            cts = vjp(dy)
-            send = zeros_send if g == 0 else _to_flat(cts[1], f_max)
             if sched.split_backward:
-                leaves = _vjp_leaves(vjp, values, w_source[g])
-                stored = [leaf for leaf, i in zip(leaves, w_source[g], strict=True) if i < 0] + [dy]
+                dx, stored = w_split[g].run_b(*_vjp_leaves(vjp, values, w_source[g]), dy)
                 wbuf = list(carry["w"])
                 for k, leaf in zip(w_slot_of[g], stored, strict=True):
-                    wbuf[k] = jax.lax.dynamic_update_index_in_dim(wbuf[k], leaf.astype(wbuf[k].dtype),
-                                                                  row["w_write"], 0)
-                return dict(carry, w=wbuf), zeros_send, send
+                    wbuf[k] = jax.lax.dynamic_update_index_in_dim(wbuf[k], leaf, row["w_write"], 0)
+                return dict(carry, w=wbuf), zeros_send, zeros_send if g == 0 else _to_flat(dx[0], f_max)
+            cts = vjp(dy)
+            send = zeros_send if g == 0 else _to_flat(cts[1], f_max)
             return dict(carry, grads=add_grads(g, carry["grads"], cts[0])), zeros_send, send
 
         def w_branch(g, carry, row):
-            # The VJP rebuilt from what B stored (and the parameters): no forward runs here.
-            kept = iter(jax.lax.dynamic_index_in_dim(carry["w"][k], row["w_read"], keepdims=False)
-                        for k in w_slot_of[g])
+            # The weight-gradient contractions on what B stored (and the parameters): no forward, no cotangent chain.
+            kept = [jax.lax.dynamic_index_in_dim(carry["w"][k], row["w_read"], keepdims=False) for k in w_slot_of[g]]
             values = values_for(g)
-            leaves = [next(kept) if i < 0 else values[i] for i in w_source[g]]
-            vjp = jax.tree_util.tree_unflatten(w_treedef[g], leaves)
-            d_own = vjp(next(kept))[0]
+            d_own = w_split[g].run_w(kept, [values[w_source[g][i]] for i in w_split[g].direct_inputs])
             return dict(carry, grads=add_grads(g, carry["grads"], d_own)), zeros_send, zeros_send
 
         def idle(carry, row):
@@ -282,7 +278,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         carry = {
             "act": jnp.zeros((tables.act_slots + 1, mb, f_max), act_dtype),
             "cot": jnp.zeros((tables.cot_slots + 1, mb, f_max), act_dtype),
-            "w": [jnp.zeros((tables.w_slots + 1, *shape), dtype) for shape, dtype in pool],
+            "w": [jnp.zeros((tables.w_slots, *shape), dtype) for shape, dtype in pool],  # only B writes: no trash
             "grads": (jnp.zeros(packing.width, packing.dtype) if packing is not None
                       else [jnp.zeros(v.shape, v.dtype) for v in stored]),
             "ms": model_state_in,
@@ -326,7 +322,7 @@ def _whole(x: jax.Array) -> jax.Array:
 
 
 def _vjp_leaves(vjp, values, source):
-    """The VJP's residual leaves, checked against the layout ``_residual_layout`` found (``source``)."""
+    """The VJP's residual leaves, checked against the layout ``_backward_split`` found (``source``)."""
     leaves = jax.tree_util.tree_leaves(vjp)
     ids = {id(v): i for i, v in enumerate(values)}
     if [ids.get(id(leaf), -1) for leaf in leaves] != list(source):
@@ -345,9 +341,9 @@ def _stage_vjp(stage_loss_g, own_g, values, ms, x, m, labels, first: bool):
     return vjp
 
 
-def _residual_layout(stage_loss_g, own_g, p_values, model_state, x_like, ys, first: bool):
-    """Stage ``g``'s VJP as B builds it: its treedef, its leaves' shapes, and each leaf's source
-    (the index of the parameter it is, or -1 for a residual B must store for W)."""
+def _backward_split(stage_loss_g, own_g, p_values, model_state, x_like, ys, out_like, first: bool):
+    """Stage ``g``'s backward cut into B and W (``weight_split``), and the source of each of its VJP's leaves (the
+    index of the parameter it is, or -1 for a residual)."""
     found = {}
 
     def probe(values, x, labels):
@@ -358,7 +354,9 @@ def _residual_layout(stage_loss_g, own_g, p_values, model_state, x_like, ys, fir
         return leaves
 
     like = jax.eval_shape(probe, p_values, x_like, jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
-    return found["treedef"], like, found["source"]
+    backward = jax.make_jaxpr(lambda leaves, ct: jax.tree.leaves(jax.tree.unflatten(found["treedef"], leaves)(ct)))
+    direct = [i >= 0 for i in found["source"]] + [False]
+    return weight_split.split(backward(like, out_like), len(own_g), direct), found["source"]
 
 
 def _pool_slots(pool: list, signatures: Sequence[tuple]) -> list[int]:

@@ -1,0 +1,69 @@
+"""The zero-bubble backward split: B (input gradients) + W (weight gradients) equals the whole VJP, and W holds
+only the weight-gradient contractions."""
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from snnjax.models import CIFAR10DVSVGG
+from snnjax.parallel import weight_split
+
+
+def _backward(units: int, with_input_grad: bool):
+    """The VJP of the first ``units`` units of a small CIFAR10DVSVGG, as ``(jaxpr, residuals, cotangent, is_param)``."""
+    model = CIFAR10DVSVGG(widths=(4, 8, 8, 8, 8, 8, 8, 8), rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    x = (jax.random.uniform(jax.random.key(1), (3, 2, 48, 48, 2)) < 0.4).astype(jnp.result_type(float))
+
+    def forward(p, x):
+        m = nnx.merge(graphdef, p, jax.tree.map(lambda a: a, rest))
+        for unit in m.units()[:units]:
+            x = unit(x)
+        return x
+
+    if with_input_grad:
+        y, vjp = jax.vjp(forward, params, x)
+    else:
+        y, vjp = jax.vjp(lambda p: forward(p, x), params)
+    leaves, treedef = jax.tree.flatten(vjp)
+    ct = jax.random.normal(jax.random.key(2), y.shape, y.dtype)
+    closed = jax.make_jaxpr(lambda lv, c: jax.tree.leaves(jax.tree.unflatten(treedef, lv)(c)))(leaves, ct)
+    param_ids = {id(v) for v in jax.tree.leaves(params)}
+    return closed, leaves, ct, [id(v) in param_ids for v in leaves], len(jax.tree.leaves(params))
+
+
+def _contractions(jaxpr) -> int:
+    return sum(e.primitive.name in weight_split.HEAVY for e in jaxpr.eqns)
+
+
+@pytest.mark.parametrize("with_input_grad", [True, False])
+def test_b_then_w_equals_the_whole_backward(with_input_grad):
+    with jax.enable_x64():
+        closed, leaves, ct, is_param, n_params = _backward(3, with_input_grad)
+        bw = weight_split.split(closed, n_params, is_param + [False])
+        input_grads, stored = bw.run_b(*leaves, ct)
+        weight_grads = bw.run_w(stored, [leaves[i] for i in bw.direct_inputs])
+        want = jax.tree.leaves(jax.tree.unflatten(jax.tree.structure(closed.out_avals), list(
+            jax.extend.core.jaxpr_as_fun(closed)(*leaves, ct))))
+        got = weight_grads + input_grads
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # The parameters are taken again at W, not stored; no stored array is a parameter.
+        assert all(is_param[i] for i in bw.direct_inputs)
+
+
+@pytest.mark.parametrize("with_input_grad", [True, False])
+def test_w_runs_one_contraction_per_conv_and_stores_less_than_the_residuals(with_input_grad):
+    closed, leaves, ct, is_param, n_params = _backward(3, with_input_grad)
+    bw = weight_split.split(closed, n_params, is_param + [False])
+    convs = 3  # three conv blocks in the first three units
+    assert _contractions(bw.w.jaxpr) == convs  # one weight-gradient conv per layer; the chain stays in B
+    assert _contractions(bw.b.jaxpr) == (convs if with_input_grad else convs - 1)  # the input-gradient convs
+    assert collections.Counter(e.primitive.name for e in bw.w.jaxpr.eqns)["conv_general_dilated"] == convs
+    nbytes = lambda avals: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)  # noqa: E731
+    residuals = nbytes([leaf for leaf, p in zip(leaves, is_param, strict=True) if not p])
+    assert nbytes(bw.stored) < 0.75 * residuals
