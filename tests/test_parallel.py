@@ -17,8 +17,10 @@ from snnjax import parallel
 from snnjax.layers import BatchNorm
 from snnjax.layers.pooling import _max_pool, max_pool2d
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
+from snnjax.models.units import Unit
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules
+from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import train_and_evaluate
 
 
@@ -135,6 +137,35 @@ def test_auto_mode_records_why():
     assert parallel.plan(model, 1, mode="auto").mode == "none"
 
 
+class _Chain(nnx.Module):
+    """Two dense units with no tensor-parallel names: only data parallelism or a pipeline can use devices."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.a, self.b = nnx.Linear(4, 8, rngs=rngs), nnx.Linear(8, 3, rngs=rngs)
+
+    def units(self) -> list[Unit]:
+        return [Unit("a", ("a",), self.a), Unit("b", ("b",), self.b)]
+
+
+def test_auto_mode_chooses_a_pipeline_when_nothing_else_fits():
+    vgg = abstract(lambda: CIFAR10DVSVGG(rngs=nnx.Rngs(0)))
+    # 141.5 MiB replicated, 48.6 MiB under ZeRO-2: 40 MiB of state per device leaves a pipeline over 4 stages
+    tight = parallel.plan(vgg, 8, mode="auto", memory_budget_bytes=80 * 2**20, global_batch_size=16,
+                          pipeline=PipelineOptions())
+    assert tight.mode == "pp" and tight.axis_sizes["stage"] == 4 and tight.axis_sizes["data"] == 2
+    assert "pipeline over stage=4" in " ".join(tight.reasons) and tight.packing is not None
+    assert tight.packing.width * 4 * 4 <= 40 * 2**20
+    assert parallel.plan(vgg, 8, mode="auto", memory_budget_bytes=30 * 2**20, global_batch_size=16,
+                         pipeline=PipelineOptions()).mode == "fsdp"  # no stage count fits either
+    # A batch of 4 on 8 devices and no tensor-parallel layers: the other factor 2 pipelines the units.
+    chain = abstract(lambda: _Chain(nnx.Rngs(0)))
+    odd = parallel.plan(chain, 8, mode="auto", global_batch_size=4, pipeline=PipelineOptions())
+    assert odd.mode == "pp" and odd.axis_sizes["stage"] == 2 and odd.axis_sizes["data"] == 4
+    assert odd.pipeline.layout == (1, 1)
+    with pytest.raises(ValueError, match="enough units to pipeline over 4 stages"):
+        parallel.plan(chain, 8, mode="auto", global_batch_size=2, pipeline=PipelineOptions())
+
+
 # -- invalid layouts -------------------------------------------------------------------------------
 
 
@@ -163,7 +194,7 @@ def test_invalid_sizes_say_what_to_change():
         parallel.plan(model, "data=3,tensor=2", mode="dp_tp")
     with pytest.raises(ValueError, match="does not divide over data x fsdp = 8"):
         parallel.plan(model, mesh_lib.make_mesh("data=8"), mode="dp", global_batch_size=12)
-    with pytest.raises(ValueError, match="no tensor-parallel layers"):
+    with pytest.raises(ValueError, match="neither tensor-parallel layers"):
         parallel.plan(abstract(lambda: nnx.Linear(4, 4, rngs=nnx.Rngs(0))), 8, mode="auto", global_batch_size=12)
     with pytest.raises(ValueError, match="this process does not have"):
         parallel.plan(model, 64, mode="fsdp").param_shardings(nnx.state(model, nnx.Param))

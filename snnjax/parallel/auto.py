@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 
@@ -59,10 +59,15 @@ def device_memory_bytes() -> int | None:
 
 
 def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: str, budget: int | None,
-           global_batch_size: int | None) -> tuple[str, dict[str, int], list[str]]:
+           global_batch_size: int | None,
+           pipeline_bytes: Callable[[int], int | None] | None = None) -> tuple[str, dict[str, int], list[str]]:
     """``mode="auto"``: pick mode and mesh for ``n`` devices; returns ``(mode, axis_sizes, reasons)``.
 
     ``total_bytes``: the parameters' bytes; ``budget``: device memory in bytes (None: unknown).
+    ``pipeline_bytes(S)``: the parameter, gradient and optimizer bytes per device of a pipeline over ``S``
+    stages (None where the model cannot be pipelined that way); without it ``pp`` is never chosen.
+    A pipeline is chosen where nothing else uses every device (the batch does not split over them and the
+    model has no tensor-parallel layers), and, for speed, where ZeRO-2 does not fit but a pipeline does.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {objective!r}")
@@ -72,15 +77,22 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
     reasons = []
     batch_shards = math.gcd(n, global_batch_size) if global_batch_size else n
     tensor = n // batch_shards
+    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+    if tensor > 1 and not has_tp:
+        if pipeline_bytes is not None and pipeline_bytes(tensor) is not None:
+            sizes.update(data=batch_shards, stage=tensor)
+            reasons.append(f"the global batch of {global_batch_size} splits over {batch_shards} of {n} devices and "
+                           f"the model has no tensor-parallel layers: the other factor {tensor} pipelines the "
+                           f"model's units over stage ({mib(pipeline_bytes(tensor))} of parameters, gradients and "
+                           "optimizer state per device)")
+            return "pp", sizes, reasons
+        raise ValueError(f"the global batch of {global_batch_size} splits over only {batch_shards} of {n} "
+                         "devices and the model has neither tensor-parallel layers nor enough units to pipeline "
+                         f"over {tensor} stages; use a batch size that is a multiple of {n}")
     if tensor > 1:
-        if not has_tp:
-            raise ValueError(f"the global batch of {global_batch_size} splits over only {batch_shards} of {n} "
-                             "devices and the model has no tensor-parallel layers; use a batch size that is a "
-                             f"multiple of {n}")
         reasons.append(f"the global batch of {global_batch_size} splits over {batch_shards} devices; the other "
                        f"factor {tensor} goes to tensor parallelism")
     replicated = total_bytes * (2 + opt_slots)  # parameters, gradients, optimizer slots
-    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     if objective == "memory":
         sizes.update(fsdp=batch_shards, tensor=tensor)
         reasons.append(f"objective=memory: FSDP shards parameters, gradients and optimizer state {batch_shards} ways "
@@ -106,7 +118,17 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
         reasons.append(f"objective=speed: replicated state ({mib(replicated)}) exceeds half the device memory; "
                        f"ZeRO-2 keeps parameters whole but shards gradients and optimizer state ({mib(sharded2)})")
         return "zero2", sizes, reasons
+    for stages in (s for s in range(2, n + 1) if n % s == 0) if tensor == 1 and pipeline_bytes else ():
+        per_device = pipeline_bytes(stages)
+        if per_device is not None and per_device <= limit:
+            sizes.update(data=n // stages, stage=stages)
+            reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory; a "
+                           f"pipeline over stage={stages} keeps {mib(per_device)} of parameters, gradients and "
+                           "optimizer state per device, and moves only stage-boundary activations and a gradient "
+                           f"all-reduce over data={n // stages}, where FSDP would gather every parameter each step")
+            return "pp", sizes, reasons
     sizes.update(fsdp=batch_shards, tensor=tensor)
-    reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory; FSDP shards "
-                   "the parameters too")
+    reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory"
+                   f"{' and no pipeline fits' if pipeline_bytes and tensor == 1 else ''}; FSDP shards the "
+                   "parameters too")
     return ("fsdp" if tensor == 1 else "fsdp_tp"), sizes, reasons

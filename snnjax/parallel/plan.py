@@ -281,6 +281,18 @@ def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: li
     return out
 
 
+def _pipeline_layout(model: nnx.Module, stages: int, options: PipelineOptions, global_batch_size: int | None,
+                     batch_shards: int, input_shape, compute_dtype,
+                     fsdp: int) -> tuple[PipelineSpec, list[str], StagePacking]:
+    """The pipeline over ``stages`` devices (``pipeline_plan.make_spec``) and where its parameters are stored."""
+    spec, why = pipeline_plan.make_spec(model, stages, options, global_batch_size=global_batch_size,
+                                        batch_shards=batch_shards, input_shape=input_shape,
+                                        dtype=compute_dtype or np.float32)
+    tree = nnx.split(model, nnx.Param, ...)[1]  # as the train state holds it
+    owner_stage = leaf_stages(tree, [u.owns for u in model.units()], spec.layout)
+    return spec, why, StagePacking.build(tree, [g % stages for g in owner_stage], stages, fsdp)
+
+
 def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: str = "speed",
          mode: str | None = None, zero_stage: int | None = None, sequence_parallel: bool = False,
          global_batch_size: int | None = None, opt_slots: int = 2, min_shard_size: int = 0,
@@ -298,6 +310,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     ``min_shard_size``: parameters with fewer elements stay unsharded by FSDP / ZeRO.
     ``time_steps`` / ``time_blocks``: with a mesh axis ``time`` > 1 (temporal parallelism, any mode), T is
     checked to divide over it and the neurons are pipelined over ``time_blocks`` blocks (0: automatic).
+    ``mode="auto"`` considers a pipeline (``snnjax.parallel.auto.choose``) when ``pipeline`` is given.
     ``mode="pp"``: a pipeline over the mesh's ``stage`` axis (``pipeline``: schedule, virtual stages,
     microbatches, layout; ``snnjax.parallel.pipeline_plan``), each stage using the other axes as the
     mode they imply would (``hybrid`` rules for data x fsdp x tensor). Needs the model (its units);
@@ -325,8 +338,17 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         else:
             n = int(mesh_or_device_count)
         budget = memory_budget_bytes if memory_budget_bytes is not None else auto_lib.device_memory_bytes()
+        pipeline_bytes = None
+        if pipeline is not None and isinstance(model_or_state, nnx.Module):
+            def pipeline_bytes(stages: int) -> int | None:
+                try:
+                    _, _, packing = _pipeline_layout(model_or_state, stages, pipeline, global_batch_size, n // stages,
+                                                     input_shape, compute_dtype, 1)
+                except ValueError:  # too few units, a batch that does not split into microbatches, mixed dtypes
+                    return None
+                return packing.width * np.dtype(packing.dtype).itemsize * (2 + opt_slots)
         mode, sizes, reasons = auto_lib.choose(n, sum(e[-1] for e in entries), opt_slots, has_tp, objective, budget,
-                                               global_batch_size)
+                                               global_batch_size, pipeline_bytes)
         given = isinstance(mesh_or_device_count, Mesh) and n <= jax.device_count()
         mesh = _mesh_if_available(sizes, list(mesh_or_device_count.devices.flat) if given else None)
     else:
@@ -375,15 +397,11 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
     spec, summary, packing = None, None, None
     if pp:
-        spec, why = pipeline_plan.make_spec(model_or_state, sizes["stage"], pipeline or PipelineOptions(),
-                                            global_batch_size=global_batch_size,
-                                            batch_shards=sizes["data"] * sizes["fsdp"], input_shape=input_shape,
-                                            dtype=compute_dtype or np.float32)
+        spec, why, packing = _pipeline_layout(model_or_state, sizes["stage"], pipeline or PipelineOptions(),
+                                              global_batch_size, sizes["data"] * sizes["fsdp"], input_shape,
+                                              compute_dtype, sizes["fsdp"])
         reasons += why
         summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
-        tree = nnx.split(model_or_state, nnx.Param, ...)[1]  # as the train state holds it
-        stages = leaf_stages(tree, [u.owns for u in model_or_state.units()], spec.layout)
-        packing = StagePacking.build(tree, [g % sizes["stage"] for g in stages], sizes["stage"], sizes["fsdp"])
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,
                 opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected,
                 time_steps=time_steps, time_blocks=time_blocks, pipeline=spec, pipeline_summary=summary,

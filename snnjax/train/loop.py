@@ -79,8 +79,9 @@ def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
 
 
 def _pipeline_args(c: ml_collections.ConfigDict, source, dtype) -> dict[str, Any]:
-    """``plan``'s pipeline keywords for mode ``pp``: the options, and the batch shape the stage split is costed on."""
-    if c.parallel.mode != "pp":
+    """``plan``'s pipeline keywords for mode ``pp`` (and ``auto``, which may choose it unless the batch is
+    accumulated): the options, and the batch shape the stage split is costed on."""
+    if c.parallel.mode != "pp" and not (c.parallel.mode == "auto" and c.grad_accum_steps == 1):
         return {}
     data = DataShape.of(source, c.data.time_steps)
     return {"pipeline": PipelineOptions(**c.parallel.pp), "compute_dtype": dtype,
@@ -159,7 +160,7 @@ class Trainer:
             self.memory_search = self._search_memory(model, step_cfg, train_src, dtype)
             chosen = self.memory_search.chosen.candidate
             self.offload = chosen.offload
-            if c.parallel.mode == "pp":
+            if self.plan.mode == "pp":
                 self.plan = self._plan_for(chosen.microbatches)
         if self.offload != "none" and not offload_lib.saves_device_memory(self.plan.mesh.devices.flat[0].platform):
             self._log(f"note: parallel.offload={self.offload}: on this backend host memory is the device's own memory, "
@@ -194,7 +195,7 @@ class Trainer:
         under mode pp, with the microbatch count (``snnjax.train.pipeline_memory``), for the whole step."""
         c = self.c
         shards = self.plan.axis_sizes.get("data", 1) * self.plan.axis_sizes.get("fsdp", 1)
-        pp = c.parallel.mode == "pp"
+        pp = self.plan.mode == "pp"
         rows = c.global_batch_size // c.grad_accum_steps // (1 if pp else shards)
         data = DataShape.of(source, c.data.time_steps)
         lead = (data.time_steps, rows) if self.time_major else (rows,)
