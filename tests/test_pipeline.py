@@ -22,6 +22,7 @@ from snnjax.models import CIFAR10DVSVGG, Spikformer
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.sharded import eval_fn
 from snnjax.train.step import StepConfig
 
 
@@ -154,6 +155,7 @@ def test_print_summary_shows_the_schedule():
     plan = parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
                          pipeline=PipelineOptions("1f1b", 1, 2), input_shape=shape, compute_dtype=jnp.float64)
     text = str(plan)
+    assert "on data=4 x stage=2: a pipeline over stage; within each stage data parallel" in text
     assert "pipeline: 1f1b over stage=2, 2 microbatches" in text and "bubble 33.3%" in text
     assert "d0: F0 F1" in text and "stage 1 (device 1):" in text and "head" in text
     assert sum(plan.pipeline.layout) == 9
@@ -172,3 +174,32 @@ def test_each_device_stores_only_its_stages_parameters():
              for dev in range(2)]
     assert packing.width == max(sizes) and sum(sizes) == sum(x.size for x in jax.tree.leaves(params))
     assert plan.totals()["param_bytes_per_device"] == packing.width * 8  # float64: one row, not every stage
+
+
+def test_eval_under_a_pipeline_splits_the_batch_over_stage_too():
+    """Every device holds the whole model once the eval step gathers the stage rows, so the eval batch splits
+    over stage x data: one device's sums, and each device evaluates 1/8 of the batch as under data=8 (without
+    the split over stage it would evaluate 1/2: twice the FLOPs)."""
+    model, graphdef, tx, host_state, x, y = _setup("vgg")
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64)
+    batch = {"inputs": x, "labels": y, "mask": jnp.ones(y.shape, bool).at[-1].set(False)}
+
+    def evaluate(plan):
+        state = jax.tree.map(lambda a: a.copy(), host_state)
+        if plan.packing is not None:
+            state = plan.packing.pack_state(state)
+        state = jax.device_put(state, plan.state_shardings(state, tx))
+        step = eval_fn(plan, state, cfg, graphdef)
+        placed = {k: jax.device_put(v, plan.batch_sharding(v.ndim, 1 if k == "inputs" else 0))
+                  for k, v in batch.items()}
+        compiled = step.lower(state, placed, jnp.asarray(0)).compile()
+        return jax.device_get(compiled(state, placed, jnp.asarray(0))), compiled.cost_analysis()["flops"]
+
+    one, _ = evaluate(parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none"))
+    pp, pp_flops = evaluate(parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp",
+                                          global_batch_size=BATCH, pipeline=PipelineOptions("1f1b", 1, 2)))
+    _, dp_flops = evaluate(parallel.plan(model, mesh_lib.make_mesh("data=8"), mode="dp"))
+    assert one["count"] == BATCH - 1
+    for k in one:
+        assert _rel(pp[k], one[k]) <= TOL, k
+    assert pp_flops <= 1.1 * dp_flops, (pp_flops, dp_flops)

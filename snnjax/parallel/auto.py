@@ -124,8 +124,9 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
             sizes.update(data=n // stages, stage=stages)
             reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory; a "
                            f"pipeline over stage={stages} keeps {mib(per_device)} of parameters, gradients and "
-                           "optimizer state per device, and moves only stage-boundary activations and a gradient "
-                           f"all-reduce over data={n // stages}, where FSDP would gather every parameter each step")
+                           "optimizer state per device, and moves only stage-boundary activations"
+                           f"{f' and a gradient all-reduce over data={n // stages}' if n > stages else ''}, where "
+                           "FSDP would gather every parameter each step")
             return "pp", sizes, reasons
     sizes.update(fsdp=batch_shards, tensor=tensor)
     reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory"

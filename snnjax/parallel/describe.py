@@ -20,7 +20,10 @@ def format_plan(plan: Any) -> str:
     t = plan.totals()
     mesh = " x ".join(f"{k}={v}" for k, v in plan.axis_sizes.items() if v > 1) or "1 device"
     sp = ", sequence parallel" if plan.strategy.sequence_parallel else ""
-    lines = [f"plan: mode={plan.mode} (zero_stage={plan.zero_stage}{sp}) on {mesh}: {plan.strategy.description}"]
+    what = plan.strategy.description
+    if getattr(plan, "pipeline", None) is not None:
+        what = f"a pipeline over stage; within each stage {what}"
+    lines = [f"plan: mode={plan.mode} (zero_stage={plan.zero_stage}{sp}) on {mesh}: {what}"]
     lines += [f"  why: {r}" for r in plan.reasons]
     w = max([len(p.path) for p in plan.params] + [9])
     lines.append(f"  {'parameter':<{w}}  {'shape':<18} {'logical axes':<34} {'stored':<22} {'optimizer':<22} "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,18 @@ class StepLayout:
     def model_params(self, params):
         """The parameter tree the model merges (unpacked from the pipeline's rows), in its compute layout."""
         return self.constrain_params(self.packing.unpack(params) if self.packing is not None else params)
+
+    def for_forward(self, batch_size: int) -> StepLayout:
+        """The layout of a forward-only (eval) step over ``batch_size`` examples. A pipeline's devices all hold the
+        whole model once its rows are gathered, so there the batch splits over ``stage`` as well (where it divides;
+        otherwise every stage evaluates the batch its data / fsdp shard gives it)."""
+        if self.pipeline is None or self.mesh is None:
+            return self
+        axes = self.rules.get("batch") or ()
+        axes = ((axes,) if isinstance(axes, str) else tuple(axes)) + ("stage",)
+        if batch_size % math.prod(self.mesh.shape[a] for a in axes):
+            return self
+        return dataclasses.replace(self, rules={**self.rules, "batch": axes})
 
     @contextlib.contextmanager
     def context(self):

@@ -170,7 +170,8 @@ class Trainer:
                            opt_state=self.tx.init(params))
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx, offload=self.offload)
-        self._eval_step = eval_fn(self.plan, self.state, step_cfg, graphdef)
+        params_like = self.state.params if self.plan.packing is None else self.plan.packing.abstract_tree()
+        self._eval_step = eval_fn(self.plan, self.state.replace(params=params_like), step_cfg, graphdef)
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
@@ -330,10 +331,23 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------------------------
 
+    def _eval_state(self) -> TrainState:
+        """What the eval step reads: under a pipeline, the parameter tree gathered from the stage rows once per
+        evaluation rather than in every eval step (and no optimizer state)."""
+        if self.plan.packing is None:
+            return self.state
+        return self.state.replace(params=self._gather_params(self.state.params), opt_state=())
+
+    @functools.cached_property
+    def _gather_params(self):
+        packing = self.plan.packing
+        return jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
+
     def evaluate(self) -> dict[str, float]:
         totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+        state = self._eval_state()
         for i, batch in enumerate(self.eval_loader.epoch_batches(0)):
-            out = self._eval_step(self.state, _global_batch(self.mesh, batch, self.time_major), jnp.asarray(i))
+            out = self._eval_step(state, _global_batch(self.mesh, batch, self.time_major), jnp.asarray(i))
             for k, v in jax.device_get(out).items():
                 totals[k] += float(v)
         n = max(totals["count"], 1.0)

@@ -189,6 +189,7 @@ def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, ac
 def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],
               index: jax.Array, *, layout: StepLayout = StepLayout()) -> dict[str, jax.Array]:
     """Sums over the unmasked examples of ``batch``: ``loss``, ``correct``, ``count`` (eval mode: running BN stats)."""
+    layout = layout.for_forward(batch["labels"].shape[0])
     with layout.context():
         return _eval_step(cfg, graphdef, state, batch, index, layout)
 
@@ -197,7 +198,8 @@ def _eval_step(cfg, graphdef, state, batch, index, layout):
     key = jax.random.fold_in(jax.random.key(cfg.seed + 1), index)
     model = nnx.merge(graphdef, layout.model_params(state.params), state.rngs, state.model_state)
     model.eval()
-    logits = model(model_inputs(cfg, batch["inputs"], key))
+    x = model_inputs(cfg, batch["inputs"], key)
+    logits = model(constrain(x, ("time", "batch") + (None,) * (x.ndim - 2)))
     mask = batch["mask"].astype(jnp.float32)
     loss = classification_loss(logits, batch["labels"], cfg.loss, cfg.tet_lambda)
     correct = (jnp.argmax(logits.mean(0), -1) == batch["labels"]).astype(jnp.float32)
