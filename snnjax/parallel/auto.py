@@ -79,11 +79,12 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
     tensor = n // batch_shards
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     if tensor > 1 and not has_tp:
-        if pipeline_bytes is not None and pipeline_bytes(tensor) is not None:
+        per_device = pipeline_bytes(tensor) if pipeline_bytes is not None else None
+        if per_device is not None:
             sizes.update(data=batch_shards, stage=tensor)
             reasons.append(f"the global batch of {global_batch_size} splits over {batch_shards} of {n} devices and "
                            f"the model has no tensor-parallel layers: the other factor {tensor} pipelines the "
-                           f"model's units over stage ({mib(pipeline_bytes(tensor))} of parameters, gradients and "
+                           f"model's units over stage ({mib(per_device)} of parameters, gradients and "
                            "optimizer state per device)")
             return "pp", sizes, reasons
         raise ValueError(f"the global batch of {global_batch_size} splits over only {batch_shards} of {n} "

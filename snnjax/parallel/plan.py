@@ -16,6 +16,7 @@ applying it (``snnjax.train.apply_plan``) does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -329,6 +330,12 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         raise ValueError("the model has no parameters to plan")
     has_tp = any(names and {"mlp", "heads"} & set(names) for *_, names, _ in entries)
     reasons: list[str] = []
+
+    @functools.cache  # auto's choice and the pp plan share one layout (its unit costs are compiled)
+    def pipeline_layout(stages: int, batch_shards: int, fsdp: int):
+        return _pipeline_layout(model_or_state, stages, pipeline or PipelineOptions(), global_batch_size, batch_shards,
+                                input_shape, compute_dtype, fsdp)
+
     auto = mode == "auto"
     if auto:
         if isinstance(mesh_or_device_count, Mesh):
@@ -342,8 +349,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         if pipeline is not None and isinstance(model_or_state, nnx.Module):
             def pipeline_bytes(stages: int) -> int | None:
                 try:
-                    _, _, packing = _pipeline_layout(model_or_state, stages, pipeline, global_batch_size, n // stages,
-                                                     input_shape, compute_dtype, 1)
+                    _, _, packing = pipeline_layout(stages, n // stages, 1)
                 except ValueError:  # too few units, a batch that does not split into microbatches, mixed dtypes
                     return None
                 return packing.width * np.dtype(packing.dtype).itemsize * (2 + opt_slots)
@@ -397,9 +403,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
     spec, summary, packing = None, None, None
     if pp:
-        spec, why, packing = _pipeline_layout(model_or_state, sizes["stage"], pipeline or PipelineOptions(),
-                                              global_batch_size, sizes["data"] * sizes["fsdp"], input_shape,
-                                              compute_dtype, sizes["fsdp"])
+        spec, why, packing = pipeline_layout(sizes["stage"], sizes["data"] * sizes["fsdp"], sizes["fsdp"])
         reasons += why
         summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,

@@ -177,13 +177,15 @@ class Trainer:
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
 
     def _make_plan(self, model: nnx.Module, source, dtype, microbatches: int | None) -> parallel.Plan:
-        """The run's parallel plan (mode pp: with ``microbatches`` instead of ``parallel.pp.microbatches``)."""
+        """The run's parallel plan; with ``microbatches``, the pipeline on the first plan's mesh with that many
+        microbatches instead of ``parallel.pp.microbatches`` (mode auto is not chosen again)."""
         c = self.c
         pipeline = _pipeline_args(c, source, dtype)
         if microbatches is not None:
             pipeline["pipeline"] = dataclasses.replace(pipeline["pipeline"], microbatches=microbatches)
         return parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
-                             mode=c.parallel.mode, objective=c.parallel.objective, zero_stage=_zero_stage(c),
+                             mode=c.parallel.mode if microbatches is None else "pp", objective=c.parallel.objective,
+                             zero_stage=_zero_stage(c),
                              sequence_parallel=c.parallel.sequence_parallel,
                              global_batch_size=c.global_batch_size // c.grad_accum_steps,
                              opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
