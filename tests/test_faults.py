@@ -103,7 +103,22 @@ def skipped_run(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- signals
 
-def test_sigint_saves_the_step_then_resume_is_bitwise_equal(tmp_path, monkeypatch, reference):
+def pipelined(c):
+    """``c`` under a 1F1B pipeline over stage=2 x data=4 (the MLP's units split over the two stages)."""
+    c.parallel.mode, c.parallel.mesh = "pp", "stage=2,data=4"
+    return c
+
+
+@pytest.fixture(scope="module")
+def pp_reference(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("pp_reference")
+    train_and_evaluate(pipelined(small_config()), workdir)
+    return workdir
+
+
+@pytest.mark.parametrize("layout", ["none", "pp"])
+def test_sigint_saves_the_step_then_resume_is_bitwise_equal(tmp_path, monkeypatch, request, layout):
+    reference = request.getfixturevalue("reference" if layout == "none" else "pp_reference")
     real = loop.make_sources
 
     def make_sources(c):  # the third batch read sends SIGINT (from the prefetch thread)
@@ -122,6 +137,8 @@ def test_sigint_saves_the_step_then_resume_is_bitwise_equal(tmp_path, monkeypatc
     monkeypatch.setattr(loop, "make_sources", make_sources)
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     c = small_config(checkpoint_every_steps=100)  # the only checkpoint is the one the signal asks for
+    if layout == "pp":
+        c = pipelined(c)
     with pytest.raises(Preempted) as stopped:
         train_and_evaluate(c, tmp_path)
     k = stopped.value.step

@@ -212,7 +212,7 @@ def test_auto_picks_the_fused_kernels_under_a_layout(monkeypatch):
     assert dispatch.resolve_impl("auto", cfg, x) == "pallas"
 
 
-def test_auto_keeps_xla_in_a_shard_map_that_leaves_axes_automatic():
+def test_auto_runs_the_kernels_in_a_shard_map_that_leaves_axes_automatic():
     cfg = NeuronConfig()
     mesh = _mesh({"stage": 2, "data": 4})
     seen = []
@@ -225,4 +225,40 @@ def test_auto_keeps_xla_in_a_shard_map_that_leaves_axes_automatic():
         jax.jit(jax.shard_map(body, in_specs=P("stage"), out_specs=P("stage"), axis_names={"stage"}))(
             jnp.ones((2, 3, 8)))
         jax.jit(jax.shard_map(body, in_specs=P("stage"), out_specs=P("stage")))(jnp.ones((2, 3, 8)))
-    assert seen == ["xla", "native"]  # every axis manual: each device runs its own call
+    assert seen == ["native", "native"]
+
+
+@pytest.mark.parametrize("spec", [P(None, "data", None, None, "tensor"), P(None, "data"), P(None, ("data", "tensor"))])
+def test_native_per_block_inside_a_shard_map_over_another_axis(spec):
+    """Inside a ``shard_map`` manual over ``stage`` (a pipeline stage), with data x tensor left to the partitioner:
+    each device's kernel call gets its own block (the partitioner's unnamed tiling, read off by ``sharded``), PLIF's
+    ``dw`` adds up over the blocks, and everything equals the unsharded ``xla`` path."""
+    mesh = _mesh({"stage": 2, "data": 2, "tensor": 2})
+    cfg = NeuronConfig("PLIF", v_reset=None)
+    x = 1.5 * jax.random.normal(jax.random.key(0), (2, *SHAPE), jnp.float64)
+    w = jnp.asarray(0.3, jnp.float64)
+
+    def loss(impl, x, w):
+        s, v = dispatch.multistep(cfg, x, None, w, impl=impl)
+        return jnp.sum(s * jnp.cos(jnp.arange(s.size).reshape(s.shape))) + jnp.sum(v ** 2), s
+
+    def body(x, w):
+        x = jax.lax.with_sharding_constraint(x[0], NamedSharding(mesh.abstract_mesh, spec))
+        (_, s), (gx, gw) = jax.value_and_grad(functools.partial(loss, "native"), (0, 1), has_aux=True)(x, w)
+        return s[None], gx[None], gw[None]
+
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(x, NamedSharding(mesh, P("stage")))
+        fn = jax.jit(jax.shard_map(body, in_specs=(P("stage"), P()), out_specs=P("stage"), axis_names={"stage"},
+                                   check_vma=False))
+        s, gx, gw = fn(placed, w)
+        text = fn.lower(placed, w).compile().as_text()
+    for i in range(2):
+        (_, rs), (rgx, rgw) = jax.value_and_grad(functools.partial(loss, "xla"), (0, 1), has_aux=True)(x[i], w)
+        np.testing.assert_array_equal(s[i], rs)
+        assert np.max(np.abs(gx[i] - rgx)) <= TOL * np.max(np.abs(rgx))
+        assert abs(gw[i] - rgw) <= TOL * abs(rgw)
+    sizes = {int(m) for m in re.findall(r'custom-call\(.*custom_call_target="SnnNeuron\w+", '
+                                        r'operand_layout_constraints=\{f64\[\d+,(\d+)\]', text)}
+    shards = 4 if spec == P(None, ("data", "tensor")) or len(spec) == 5 else 2
+    assert sizes == {np.prod(SHAPE[1:]) // shards}, sizes

@@ -128,6 +128,17 @@ def neuron_kernels(hlo: str) -> dict[str, list[int]]:
     return {target: sorted(ms) for target, ms in calls.items()}
 
 
+def gathered_dims(hlo: str) -> list[tuple[int, int]]:
+    """``(dimension, its gathered size)`` of every all-gather in a compiled module's text."""
+    out = []
+    for line in hlo.splitlines():
+        match = re.search(r"= \w+\[([\d,]*)\][^=]* all-gather\(.*dimensions=\{(\d+)\}", line)
+        if match:
+            dim = int(match.group(2))
+            out.append((dim, int(match.group(1).split(",")[dim])))
+    return out
+
+
 def _rel(a, b) -> float:
     a, b = np.ravel(np.asarray(a, np.float64)), np.ravel(np.asarray(b, np.float64))
     denom = np.linalg.norm(b)

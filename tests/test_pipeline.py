@@ -100,20 +100,26 @@ def test_one_f_one_b_holds_stage_inputs_by_stages_not_microbatches():
         assert zb.act_slots <= s and zb.w_slots <= s
 
 
-def test_tables_route_every_send_to_a_slot_that_is_read():
-    """Every F output (and B input cotangent) sent is stored in a slot that its consumer reads later."""
+def test_tables_route_every_send_to_a_slot_that_is_read_before_it_is_overwritten():
+    """Every F output (and B input cotangent, and zero-bubble B's stored weight-gradient operands) is stored in a
+    slot that its consumer reads at a later tick, before anything else is written to that slot (a write lands at
+    the end of its tick, after that tick's read)."""
     for sched in (schedules.gpipe(3, 5), schedules.one_f_one_b(4, 8), schedules.interleaved(2, 4, 2),
-                  schedules.zero_bubble(4, 6)):
+                  schedules.zero_bubble(4, 6), schedules.zero_bubble(2, 5)):
         t = pipeline_tables.build(sched)
-        for kind, write, read, trash in (("act", t.act_write, t.act_read, t.act_slots),
-                                         ("cot", t.cot_write, t.cot_read, t.cot_slots)):
-            for tick in range(t.ticks):
-                for d in range(sched.num_devices):
-                    slot = write[tick, d]
-                    if slot == trash:
-                        continue
-                    later = read[tick + 1:, d]
-                    assert slot in later, (sched.name, kind, tick, d)
+        buffers = [("act", t.act_write, t.act_read, t.act_slots), ("cot", t.cot_write, t.cot_read, t.cot_slots)]
+        if sched.split_backward:  # only B writes W's buffer: every write is meant to be read
+            g = sched.num_stages  # branches: F 1..G, B G+1..2G, W 2G+1..3G
+            w_written = np.where((t.branch > g) & (t.branch <= 2 * g), t.w_write, -1)
+            w_read = np.where(t.branch > 2 * g, t.w_read, -1)
+            buffers.append(("w", w_written, w_read, -1))
+        for kind, write, read, trash in buffers:
+            for d in range(sched.num_devices):
+                writes = [(tick, write[tick, d]) for tick in range(t.ticks) if write[tick, d] not in (trash, -1)]
+                for tick, slot in writes:
+                    following = [w for w, s in writes if s == slot and w > tick]
+                    until = following[0] if following else t.ticks - 1
+                    assert slot in read[tick + 1:until + 1, d], (sched.name, kind, tick, d, slot)
 
 
 def test_layout_and_microbatch_choices():

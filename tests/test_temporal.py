@@ -7,6 +7,9 @@ relative of the ``xla`` path on one device, for every neuron variant, with T spl
 """
 from __future__ import annotations
 
+import contextlib
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,17 +118,21 @@ def test_native_kernel_per_block_equals_unsharded(name, shards, t, blocks, v_ini
     _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, v_init, seq, _native_kernel(), (t, 4, 6, 8))
 
 
-@pytest.mark.parametrize("spec,native", [("time=4", True), ("time=4,data=2", False)])
-def test_the_kernel_runs_per_block_only_where_no_other_axis_splits(spec, native):
-    """Beside another split axis the pipeline's ``shard_map`` leaves it to the partitioner, which would gather an
-    opaque kernel call's operands: the blocks run the xla path there."""
+@pytest.mark.parametrize("spec,devices,native", [("time=4", False, True), ("time=4,data=2", True, True),
+                                                 ("time=4,data=2", False, False)])
+def test_the_kernel_runs_per_block_and_device(spec, devices, native):
+    """Beside another split axis the pipeline's ``shard_map`` leaves that axis to the partitioner: the kernel then
+    runs per device on its share of each block (``custom_partitioning``, which needs the mesh's devices: given by
+    ``temporal.devices`` as a plan's layout does); with only an abstract mesh the blocks run the xla path, and the
+    schedule says so. No activation is gathered either way."""
     kernel = _native_kernel()
     cfg = B.NeuronConfig(kind="LIF")
     mesh = mesh_lib.make_mesh(spec, jax.devices()[:8 if "data" in spec else 4])
     x = jax.random.normal(jax.random.key(0), (8, 4, 1024), jnp.float64) + 0.5
 
     def loss(x):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), \
+                (temporal.devices(mesh) if devices else contextlib.nullcontext()):
             return jnp.sum(temporal.multistep(cfg, x, kernel=kernel)[0] * x)
 
     xs = jax.device_put(x, NamedSharding(mesh, P("time", "data")))
@@ -133,6 +140,10 @@ def test_the_kernel_runs_per_block_only_where_no_other_axis_splits(spec, native)
         hlo = jax.jit(jax.grad(loss)).lower(xs).compile().as_text()
     assert [s.block_impl for _, s in found] == ["native" if native else "xla"]
     assert ("SnnNeuronBackwardF64" in hlo) == native
+    if "data" in spec and native:  # each call on its device's half of a block's 4 x 1024 neurons
+        assert re.findall(r'SnnNeuronBackwardF64", operand_layout_constraints=\{f64\[2,(\d+)\]', hlo)
+        assert {int(m) for m in re.findall(r'SnnNeuronBackwardF64", operand_layout_constraints=\{f64\[2,(\d+)\]',
+                                           hlo)} == {4 * 1024 // 2 // found[0][1].blocks}
     assert report.collective_stats(hlo)["all-gather"]["count"] == 0
 
 
@@ -201,7 +212,7 @@ def test_block_rule_falls_back_when_neurons_are_few():
     assert b == 1
     d, b = temporal.choose_blocks((2, 4, 8), 4, blocks=8)
     assert (d, b) == (2, 8)
-    with pytest.raises(ValueError, match="divide none"):
+    with pytest.raises(ValueError, match="parallel.time_blocks=3 .* divides none"):
         temporal.choose_blocks((2, 4, 8), 4, blocks=3)
 
 

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_parallel_equivalence import BATCH, COMPILER_OPTIONS, TOL, _flat, _rel, build
+from test_parallel_equivalence import BATCH, COMPILER_OPTIONS, TOL, _flat, _rel, build, gathered_dims
 
 from snnjax import layers, parallel
 from snnjax.parallel import mesh as mesh_lib
@@ -66,7 +66,9 @@ def _run(model_name: str, time_steps: int, spec: str | None, loss: str = "ce"):
     state, first = compiled(state, batch)
     for _ in range(2):
         state, _ = compiled(state, batch)
-    return jax.device_get(first), jax.device_get(state), parallel.step_report(compiled, state)
+    report = parallel.step_report(compiled, state)
+    report["gathered"] = gathered_dims(compiled.as_text())
+    return jax.device_get(first), jax.device_get(state), report
 
 
 def _assert_same_training(got, ref):
@@ -90,6 +92,7 @@ def test_time_layout_matches_single_device(model_name, spec):
     _assert_same_training(got, ref)
     stats = got[2]["collectives"]
     assert stats["collective-permute"]["count"] > 0  # neuron potentials cross the time shards
+    assert (0, t) not in got[2]["gathered"], got[2]["gathered"]  # no activation is gathered over T
 
 
 def test_tet_loss_under_time_sharding():

@@ -17,6 +17,7 @@ from flax import nnx
 from snnjax.models.mlp import SpikingMLP
 from snnjax.models.spikformer import Spikformer
 from snnjax.models.vgg import CIFAR10DVSVGG, DEFAULT_POOLS
+from snnjax.neurons import IMPLS, set_impl
 from snnjax.neurons import surrogate as sg
 
 
@@ -93,6 +94,9 @@ REGISTRY: dict[str, ModelEntry] = {
 }
 MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
+# Options every model takes besides its constructor's: the multi-step neurons' implementation
+# (``snnjax.neurons.dispatch``; set on the built model's neurons).
+COMMON_OPTIONS = {"neuron_impl": "auto"}
 
 
 def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -111,7 +115,7 @@ def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | Non
 def allowed_kwargs(name: str) -> list[str]:
     """The constructor arguments a config may set for model ``name``."""
     params = inspect.signature(MODELS[name].__init__).parameters
-    return sorted(k for k in params if k not in _BUILT_BY_TRAINER and k != "self")
+    return sorted([k for k in params if k not in _BUILT_BY_TRAINER and k != "self"] + list(COMMON_OPTIONS))
 
 
 def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
@@ -123,6 +127,9 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
     params = inspect.signature(MODELS[name].__init__).parameters
     c = ml_collections.ConfigDict({"name": name})
     for key in allowed_kwargs(name):
+        if key in COMMON_OPTIONS:
+            c[key] = COMMON_OPTIONS[key]
+            continue
         default = params[key].default
         if key in REGISTRY[name].size_keys or default is inspect.Parameter.empty:
             continue
@@ -149,9 +156,14 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
     """``MODELS[name](**kwargs)``; ``surrogate_function`` may be given by name (e.g. ``"atan"``)."""
     check_model_kwargs(name, kwargs)
     kwargs = dict(kwargs)
+    impl = kwargs.pop("neuron_impl", COMMON_OPTIONS["neuron_impl"])
+    if impl not in IMPLS:
+        raise ValueError(f"model.neuron_impl={impl!r} is not a neuron implementation; choose one of {list(IMPLS)}")
     if isinstance(kwargs.get("surrogate_function"), str):
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
     for key in ("widths", "pools", "hidden"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])
-    return MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    model = MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    set_impl(model, impl)
+    return model

@@ -8,11 +8,11 @@ implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step
 from snnjax.neurons.dispatch import IMPLS, multistep, resolve_impl
-from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net
+from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
 from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Sigmoid, SoftSign, spike
 
 __all__ = [
     "ATan", "IFNode", "IMPLS", "LIFNode", "MembranePotential", "NeuronConfig", "ParametricLIFNode",
     "PiecewiseQuadratic", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
-    "resolve_impl", "spike", "step",
+    "resolve_impl", "set_impl", "spike", "step",
 ]

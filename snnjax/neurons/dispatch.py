@@ -17,16 +17,17 @@ Under a layout (a multi-device mesh is the current JAX mesh context, ``jax.shard
 entered by a ``snnjax.parallel`` layout while the step is traced), ``pallas`` and ``native`` run through
 ``snnjax.neurons.sharded``: the SPMD partitioner sees an elementwise op over the trailing dims, keeps
 the layout's sharding of them and runs the kernel on each device's block, with no gather (the time
-dim stays whole). Outside one, and inside a ``shard_map``, they run as they are (``custom_partitioning``
-gave wrong results inside a ``shard_map`` that leaves some axes automatic, on jax 0.10.2).
+dim stays whole). That holds inside a ``shard_map`` that leaves mesh axes automatic too (a pipeline
+stage over ``stage`` with data / fsdp / tensor inside, a time segment with data inside): there the
+partitioner hands over the automatic axes' tiling without names, and ``sharded`` reads it off the tiling.
+Outside a layout, and inside a ``shard_map`` manual over every axis of more than one device, they run as
+they are, on the local block.
 
 ``auto`` keeps ``xla``:
 - for a single step (T = 1): there is no time loop to fuse, and XLA fuses the one
   elementwise update into the neighbouring ops, which an opaque kernel call would prevent;
 - where the kernels cannot run the call (``unsupported_reason``), or the native kernels
-  cannot be compiled on this machine;
-- inside a ``shard_map`` that leaves mesh axes of more than one device automatic (a pipeline
-  stage over ``stage`` with data / tensor inside): there the kernel would be gathered.
+  cannot be compiled on this machine.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
 ``snnjax.neurons.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
@@ -101,10 +102,11 @@ def mesh_is_partitioned() -> bool:
     return not mesh.empty and mesh.size > 1
 
 
-def _partial_manual() -> bool:
-    """Inside a ``shard_map`` that leaves some mesh axes of more than one device to the partitioner."""
+def partitioner_splits() -> bool:
+    """Whether the current mesh context leaves mesh axes of more than one device to the SPMD partitioner (a
+    layout's mesh, or a ``shard_map`` that is manual over some axes only)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return bool(mesh.manual_axes) and math.prod(mesh.shape[a] for a in mesh.auto_axes + mesh.explicit_axes) > 1
+    return not mesh.empty and math.prod(mesh.shape[a] for a in mesh.axis_names if a not in mesh.manual_axes) > 1
 
 
 def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
@@ -122,7 +124,7 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
         if reason is not None:
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
         return impl
-    if shape[:1] in ((), (1,)) or _partial_manual():
+    if shape[:1] in ((), (1,)):
         return "xla"
     for candidate in IMPLEMENTATIONS.values():
         if (candidate.auto_backend == backend and candidate.unsupported_reason(cfg, shape, dtype, backend) is None
@@ -145,7 +147,6 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
         kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
         return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
     chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
-    mesh = jax.sharding.get_abstract_mesh()
-    if chosen.kernel is not None and mesh_is_partitioned() and not mesh.manual_axes:
+    if chosen.kernel is not None and partitioner_splits():
         return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)

@@ -151,6 +151,19 @@ class ParametricLIFNode(BaseNode):
         return self.w[...]
 
 
+def set_impl(model: nnx.Module, impl: str) -> int:
+    """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
+    ``"native"``; ``snnjax.neurons.dispatch``). Returns the number of neurons changed."""
+    if impl not in dispatch.IMPLS:
+        raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
+    count = 0
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, BaseNode):
+            module.impl = impl
+            count += 1
+    return count
+
+
 def reset_net(model: nnx.Module) -> None:
     """Reset the streaming state of every neuron in ``model`` (SpikingJelly's ``functional.reset_net``)."""
     for _, module in nnx.iter_modules(model):

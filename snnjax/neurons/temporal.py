@@ -22,8 +22,8 @@ them to rounding (PLIF's ``dw`` is summed in another order).
 
 Per block runs the ``xla`` path (``snnjax.neurons.xla``) or, given a ``kernel`` (``snnjax.neurons.sharded.Kernel``:
 the native CPU kernels, the Pallas kernels), that kernel's forward and backward on the block flattened to
-``[T/P, m]``, where no mesh axis but ``time`` splits the activations (``block_kernel``: inside the
-``shard_map`` the partitioner would gather a kernel call's operands). ``impl="auto"`` takes the kernel per
+``[T/P, m]``; where other mesh axes (data, fsdp, tensor) split the activations too, the kernel runs through
+``snnjax.neurons.sharded`` on each device's share of the block. ``impl="auto"`` takes the kernel per
 block only on the backends of ``KERNEL_BLOCK_BACKENDS``. On the 2-core CPU (``python -m snnjax.bench.temporal
 --what layer --impls xla,native``, float32 LIF forward + backward on ``[T, 2, 48, 48, C]``, T = 64 and 256,
 C = 64 and 128, P = 2, 4, 8) the ``xla`` path per block took 0.77-1.02x the native kernels' time (the
@@ -56,6 +56,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax._src import mesh as jax_mesh  # get_concrete_mesh: the devices of ``jax.set_mesh``, readable under jit
 from jax.sharding import PartitionSpec as P
 
 from snnjax.neurons import base as B
@@ -82,6 +83,34 @@ def block_count(blocks: int):
 
 
 _RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("snnjax_time_schedules", default=None)
+_MESH: contextvars.ContextVar = contextvars.ContextVar("snnjax_time_mesh", default=None)
+
+
+@contextlib.contextmanager
+def devices(mesh: jax.sharding.Mesh):
+    """Within this context the time pipeline's ``shard_map`` runs on ``mesh`` (the concrete mesh behind the abstract
+    mesh context a layout enters while tracing): a fused kernel per block that the partitioner splits further
+    (``custom_partitioning``) needs the devices, not only the axis names."""
+    token = _MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _MESH.reset(token)
+
+
+def _concrete_mesh():
+    """The devices behind the current abstract mesh context (``devices``, or ``jax.set_mesh``'s), or None."""
+    context = jax.sharding.get_abstract_mesh()
+    for mesh in (_MESH.get(), jax_mesh.get_concrete_mesh()):  # the latter: set by ``jax.set_mesh``
+        if mesh is not None and not mesh.empty and mesh.axis_names == context.axis_names \
+                and mesh.axis_sizes == context.axis_sizes:
+            return mesh
+    return None
+
+
+def _shard_map_mesh():
+    """The concrete mesh for the time pipeline's ``shard_map`` (None: the mesh context's)."""
+    return None if jax.sharding.get_abstract_mesh().manual_axes else _concrete_mesh()
 
 
 @contextlib.contextmanager
@@ -155,8 +184,8 @@ def choose_blocks(trailing: tuple[int, ...], shards: int, blocks: int = 0) -> tu
         for d in dims:
             if trailing[d] % blocks == 0:
                 return d, blocks
-        raise ValueError(f"{blocks} time blocks divide none of the neuron dims {trailing}; choose a count that "
-                         "divides one of them (or 0 for the automatic count)")
+        raise ValueError(f"parallel.time_blocks={blocks} (plan(time_blocks=...)) divides none of this neuron layer's "
+                         f"dims {trailing}; choose a count that divides one of them (or 0 for the automatic count)")
     total = math.prod(trailing)
     want = min_blocks(shards)
     best, best_key = (dims[0], 1), None
@@ -175,15 +204,18 @@ def layer_schedule(shape: tuple[int, ...], shards: int, dtype=jnp.float32, block
     """The ``Schedule`` of a neuron layer on ``shape = [T, *trailing]`` (``dtype``: the input dtype); ``dim``
     indexes ``block_view(trailing)``."""
     trailing = tuple(shape[1:])
-    d, b = choose_blocks(trailing, shards, blocks)
+    try:
+        d, b = choose_blocks(trailing, shards, blocks)
+    except ValueError as e:
+        raise ValueError(f"the neuron layer on input {tuple(shape)}: {e}") from None
     return Schedule(shards, b, d, math.prod(trailing), jnp.dtype(B.state_dtype(dtype)).itemsize)
 
 
 def time_shards() -> int:
     """The size of the ``time`` axis of the current mesh context where this neuron would run (1: not sharded)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or TIME_AXIS not in mesh.axis_names or mesh.manual_axes:
-        return 1
+    if mesh.empty or TIME_AXIS not in mesh.axis_names or TIME_AXIS in mesh.manual_axes:
+        return 1  # no time axis, or already inside a shard_map over it (each device sees its own segment)
     return int(mesh.shape[TIME_AXIS])
 
 
@@ -203,16 +235,10 @@ def applies(x_seq) -> bool:
 
 
 def _other_axes_split() -> bool:
-    """Whether the current mesh context has an axis besides ``time`` of more than one device."""
+    """Whether the current mesh context leaves an axis besides ``time`` of more than one device to the partitioner
+    (axes an enclosing ``shard_map`` is manual over, such as a pipeline's ``stage``, split nothing here)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return any(n > 1 for a, n in mesh.shape.items() if a != TIME_AXIS)
-
-
-def block_kernel(kernel: sharded.Kernel | None) -> sharded.Kernel | None:
-    """The kernel each block runs under the current mesh context: ``kernel``, or None (the ``xla`` path) where
-    another mesh axis of more than one device is left to the partitioner inside the pipeline's ``shard_map``
-    (it would gather an opaque kernel call's operands onto every device of that axis)."""
-    return None if _other_axes_split() else kernel
+    return any(n > 1 for a, n in mesh.shape.items() if a != TIME_AXIS and a not in mesh.manual_axes)
 
 
 def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
@@ -220,8 +246,8 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, with T split over the mesh axis ``time``.
 
     ``blocks``: the block count (None: the ``block_count`` context's; 0: automatic). ``kernel``: the fused
-    kernel that computes each block (the caller has checked that it can run this call; see ``block_kernel``
-    for where the ``xla`` path runs instead); None: the ``xla`` path. Needs a mesh context with a ``time``
+    kernel that computes each block (the caller has checked that it can run this call); None: the ``xla``
+    path. Needs a mesh context with a ``time``
     axis (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``) that ``T`` divides by, and at least one
     trailing dim.
     """
@@ -231,7 +257,9 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     if shards < 2 or x_seq.ndim < 2 or x_seq.shape[0] % shards:
         raise ValueError(f"the time-sharded neuron needs a mesh context with time > 1 dividing T and an input "
                          f"[T, ...] of rank >= 2; got time={shards}, shape {x_seq.shape}")
-    kernel = block_kernel(kernel)
+    if kernel is not None and _other_axes_split() and not jax.sharding.get_abstract_mesh().manual_axes \
+            and _concrete_mesh() is None:
+        kernel = None  # only an abstract mesh: a kernel split further by the partitioner needs the devices
     sched = layer_schedule(x_seq.shape, shards, x_seq.dtype, _BLOCKS.get() if blocks is None else blocks)
     sched = dataclasses.replace(sched, block_impl="xla" if kernel is None else kernel.name)
     if (record := _RECORD.get()) is not None:
@@ -244,7 +272,8 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     kept = [i for i, n in enumerate(full) if n > 1 or i == sched.dim]
     view = tuple(full[i] for i in kept)
     blocks = _Blocks(sched.blocks, major=not _other_axes_split())
-    static = (cfg, return_v_seq, v_init is not None, shards, kept.index(sched.dim), blocks, kernel)
+    # The devices are looked up now: the backward is traced later, maybe outside the mesh contexts.
+    static = (cfg, return_v_seq, v_init is not None, shards, kept.index(sched.dim), blocks, kernel, _shard_map_mesh())
     t, trailing = x_seq.shape[0], x_seq.shape[1:]
     s, v = _pipelined(static, x_seq.reshape(t, *view), v0.reshape(view), w0)
     return s.reshape(x_seq.shape), v.reshape(v.shape[:1] + trailing if return_v_seq else trailing)
@@ -285,27 +314,52 @@ def _pipelined(static, x, v0, w):
 
 
 def _fwd(static, x, v0, w):
-    cfg, ret_seq, _, shards, d, blocks, kernel = static
+    cfg, ret_seq, _, shards, d, blocks, kernel, mesh = static
     v_spec = P(TIME_AXIS) if ret_seq else P()
     body = functools.partial(_forward_body, cfg, ret_seq, kernel, shards, d, blocks)
-    s, v, v_in = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(), P()), out_specs=(P(TIME_AXIS), v_spec, P(TIME_AXIS)),
-                               axis_names={TIME_AXIS}, check_vma=False)(x, v0, w)
+    s, v, v_in = jax.shard_map(body, mesh=mesh, in_specs=(P(TIME_AXIS), P(), P()),
+                               out_specs=(P(TIME_AXIS), v_spec, P(TIME_AXIS)), axis_names={TIME_AXIS},
+                               check_vma=False)(x, v0, w)
     return (s, v), (x, v_in, w)
 
 
 def _bwd(static, res, cts):
-    cfg, ret_seq, has_v_init, shards, d, blocks, kernel = static
+    cfg, ret_seq, has_v_init, shards, d, blocks, kernel, mesh = static
     x, v_in, w = res
     ds, dv = cts
     v_spec = P(TIME_AXIS) if ret_seq else P()
     body = functools.partial(_backward_body, cfg, ret_seq, kernel, has_v_init, shards, d, blocks)
-    dx, dv0, dw = jax.shard_map(body, in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
+    dx, dv0, dw = jax.shard_map(body, mesh=mesh,
+                                in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
                                 out_specs=(P(TIME_AXIS), P(), P()), axis_names={TIME_AXIS},
                                 check_vma=False)(x, v_in, w, ds, dv)
     return dx, dv0.astype(v_in.dtype), dw
 
 
 _pipelined.defvjp(_fwd, _bwd)
+
+
+# --- the exchange between neighbouring devices -----------------------------------------------------------
+
+
+def exchange_by_gather() -> bool:
+    """Whether blocks pass between time devices by an all-gather (else a ``ppermute``): on the CPU backend inside
+    a ``shard_map`` manual over another axis too (a pipeline stage), where the neuron runs in one branch of the
+    stage's ``lax.switch``. XLA:CPU runs a collective-permute as a rendezvous of every device of the program,
+    which devices in another branch never join (a deadlock); an all-gather meets only its own group."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.default_backend() == "cpu" and bool(set(mesh.manual_axes) - {TIME_AXIS})
+
+
+def _shift(a, k, shards: int, step: int):
+    """What device ``k - step`` sends, on device ``k`` (zeros where there is no such device)."""
+    if not exchange_by_gather():
+        pairs = [(q, q + step) for q in range(shards) if 0 <= q + step < shards]
+        return jax.lax.ppermute(a, TIME_AXIS, pairs)
+    every = jax.lax.all_gather(a, TIME_AXIS)
+    src = k - step
+    got = jax.lax.dynamic_index_in_dim(every, jnp.clip(src, 0, shards - 1), keepdims=False)
+    return jnp.where((src >= 0) & (src < shards), got, jnp.zeros_like(got))
 
 
 # --- one block: x [T/P, ...] from its start potential v [...] ----------------------------------------------
@@ -320,14 +374,17 @@ def _block_forward(cfg, ret_seq, kernel, x, v, w):
     """``(s [T/P, ...], v)`` of one block (``v`` the state sequence with ``ret_seq``, else the final state)."""
     if kernel is None:
         return xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
+    if _other_axes_split():  # the partitioner splits the block further: the kernel per device, on its share
+        return sharded.multistep(kernel, cfg, x, v, w, return_v_seq=ret_seq)
     (s, v_out), _ = kernel.forward(cfg, ret_seq, *_flat(kernel, x, v), w)
     return s.astype(x.dtype).reshape(x.shape), v_out.reshape(x.shape if ret_seq else v.shape)
 
 
 def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv):
     """``(dx, dv_start, dw)`` of one block from the cotangents of its spikes and states, recomputing its forward."""
-    if kernel is None:
-        _, vjp = jax.vjp(lambda x, v, w: xla.multistep(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
+    if kernel is None or _other_axes_split():
+        run = xla.multistep if kernel is None else functools.partial(sharded.multistep, kernel)
+        _, vjp = jax.vjp(lambda x, v, w: run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
         return vjp((ds, dv))
     xf, vf = _flat(kernel, x, v)
     _, saved = kernel.forward(cfg, ret_seq, xf, vf, w)  # the native kernels save nothing: dead code for XLA
@@ -363,7 +420,7 @@ def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, x, v0, w):
         vin_buf = blocks.put(vin_buf, v_start, jc, d)
         v_last = v[-1] if ret_seq else v
         v_send = jnp.where(valid, v_last, jnp.zeros_like(v_last))
-        v_recv = jax.lax.ppermute(v_send, TIME_AXIS, [(q, q + 1) for q in range(shards - 1)])
+        v_recv = _shift(v_send, k, shards, +1)
         return (v_recv, v_start, s_buf, v_buf, vin_buf), None
 
     init = (v_recv, v_recv, s_buf, v_buf, vin_buf)
@@ -407,7 +464,7 @@ def _backward_body(cfg, ret_seq, kernel, has_v_init, shards, d, blocks, x, v_in,
         if plif:
             dw = dw + jnp.where(valid, dw_j, jnp.zeros_like(dw_j))
         g_send = jnp.where(valid, dv0_j, jnp.zeros_like(dv0_j))
-        g_recv = jax.lax.ppermute(g_send, TIME_AXIS, [(q, q - 1) for q in range(1, shards)])
+        g_recv = _shift(g_send, k, shards, -1)
         return (g_recv, g, dx_buf, dv0_buf, dw), None
 
     init = (g_recv, g_recv, dx_buf, dv0_buf, dw)

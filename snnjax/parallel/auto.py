@@ -10,6 +10,8 @@ from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.mesh import AXES
 
 OBJECTIVES = ("speed", "memory")
+BN_NOTE = ("; BatchNorm then normalises each microbatch with its own statistics (as gradient accumulation does), "
+           "not the whole batch's")
 
 
 def infer_mode(axis_sizes: Mapping[str, int]) -> str:
@@ -85,7 +87,7 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
             reasons.append(f"the global batch of {global_batch_size} splits over {batch_shards} of {n} devices and "
                            f"the model has no tensor-parallel layers: the other factor {tensor} pipelines the "
                            f"model's units over stage ({mib(per_device)} of parameters, gradients and "
-                           "optimizer state per device)")
+                           f"optimizer state per device){BN_NOTE}")
             return "pp", sizes, reasons
         raise ValueError(f"the global batch of {global_batch_size} splits over only {batch_shards} of {n} "
                          "devices and the model has neither tensor-parallel layers nor enough units to pipeline "
@@ -127,7 +129,7 @@ def choose(n: int, total_bytes: int, opt_slots: int, has_tp: bool, objective: st
                            f"pipeline over stage={stages} keeps {mib(per_device)} of parameters, gradients and "
                            "optimizer state per device, and moves only stage-boundary activations"
                            f"{f' and a gradient all-reduce over data={n // stages}' if n > stages else ''}, where "
-                           "FSDP would gather every parameter each step")
+                           f"FSDP would gather every parameter each step{BN_NOTE}")
             return "pp", sizes, reasons
     sizes.update(fsdp=batch_shards, tensor=tensor)
     reasons.append(f"objective=speed: even ZeRO-2 ({mib(sharded2)}) exceeds half the device memory"

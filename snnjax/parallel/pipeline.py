@@ -22,7 +22,8 @@ the schedule's tables names (``snnjax.parallel.pipeline_tables``) through ``lax.
 Nothing is differentiated through the tick loop, so a stage holds only the stage inputs the
 schedule has in flight (1F1B: at most S; GPipe: M), in a buffer sized by the tables. After
 every tick the devices exchange one activation (forward ring) and one cotangent (backward ring)
-by ``ppermute``: flat ``[mb, F_max]`` buffers, so heterogeneous stages send the same shape.
+by ``ppermute``: ``[mb, T, F_max]`` buffers (each time step's features flattened and padded), so heterogeneous
+stages send the same shape and a split of the microbatch or of time stays in place.
 Idle ticks compute nothing and send zeros; what arrives for nobody is written to a trash slot,
 and a device's gradients and statistics are taken from it with ``jnp.where`` (never a 0/1
 multiply), so no garbage reaches a gradient.
@@ -89,20 +90,21 @@ class PipelineSpec:
 
 
 def _to_flat(x: jax.Array, width: int) -> jax.Array:
-    """``[T, mb, ...]`` -> ``[mb, width]`` (the microbatch dim first, so its sharding survives; zero-padded)."""
-    flat = jnp.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
-    return jnp.pad(flat, ((0, 0), (0, width - flat.shape[1])))
+    """``[T, mb, ...]`` -> ``[mb, T, width]`` (zero-padded): the microbatch and time dims stay dims of their own,
+    so their shardings (data / fsdp, time) survive the send."""
+    flat = jnp.moveaxis(x, 1, 0).reshape(x.shape[1], x.shape[0], -1)
+    return jnp.pad(flat, ((0, 0), (0, 0), (0, width - flat.shape[2])))
 
 
 def _from_flat(buf: jax.Array, shape: Sequence[int]) -> jax.Array:
     """Inverse of ``_to_flat`` for an activation of ``shape`` ``[T, mb, ...]``."""
     t, mb, *rest = shape
-    return jnp.moveaxis(buf[:, :math.prod(shape) // mb].reshape(mb, t, *rest), 0, 1)
+    return jnp.moveaxis(buf[:, :, :math.prod(rest)].reshape(mb, t, *rest), 0, 1)
 
 
 def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, params, rngs, model_state,
                        xs: jax.Array, ys: jax.Array, drop_key: jax.Array, *, loss_fn, acc_dtype,
-                       packing: StagePacking | None = None):
+                       packing: StagePacking | None = None, grad_axes: tuple[str, ...] = ()):
     """Summed gradients over ``M`` microbatches through the pipeline.
 
     ``xs [M, T, mb, ...]`` the microbatches' model inputs, ``ys [M, mb]`` their labels;
@@ -114,7 +116,8 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
     The rows, and the parameters and gradients cut from them, are whole on every device of a stage (the
     layers then take their shards locally); left to propagation, cutting a row that the partitioner had
     split needed collective-permutes inside a stage's branch, which XLA:CPU runs as a rendezvous of every
-    device (a deadlock).
+    device (a deadlock). ``grad_axes``: mesh axes within a stage that split the accumulated gradient row (ZeRO-2:
+    each B or W adds its gradients reduce-scattered to the device's share).
     """
     sched = spec.make_schedule()
     schedules.validate(sched)
@@ -157,12 +160,15 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         x_shape = jax.eval_shape(lambda v, x, g=g: run_stage(g, [v[i] for i in own[g]], v, model_state, x, 0)[0],
                                  p_values, x_shape)
     mb = xs.shape[2]
-    width = max([math.prod(a.shape) // mb for a in in_shapes[1:]] + [1])
-    act_dtype = xs.dtype
+    width = max([math.prod(a.shape[2:]) for a in in_shapes[1:]] + [1])
+    act_dtype, t_steps = xs.dtype, xs.shape[1]
     for g, a in enumerate(in_shapes[1:], 1):
         if a.dtype != act_dtype:
             raise ValueError(f"stage {g}'s input is {a.dtype}, the model input {act_dtype}; the pipeline sends "
                              "activations in one dtype")
+        if a.ndim < 2 or a.shape[:2] != (t_steps, mb):
+            raise ValueError(f"stage {g}'s input has shape {a.shape}; the pipeline sends time-major activations "
+                             f"[T={t_steps}, microbatch={mb}, ...] between stages")
 
     def stage_loss(g, own_values, all_values, ms, x, m, y_labels, **keys):
         out, new_ms = run_stage(g, own_values, all_values, ms, x, m, **keys)
@@ -202,7 +208,7 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
                 return jax.lax.dynamic_index_in_dim(xs_local, m, keepdims=False)
             return _from_flat(jax.lax.dynamic_index_in_dim(act_buf, slot, keepdims=False), in_shapes[g].shape)
 
-        zeros_send = jnp.zeros((mb, f_max), act_dtype)
+        zeros_send = jnp.zeros((mb, t_steps, f_max), act_dtype)
 
         def vjp_of(g, values, carry, x, m):
             labels = jax.lax.dynamic_index_in_dim(ys_local, m, keepdims=False)
@@ -217,7 +223,8 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
 
         def add_grads(g, grads, d_own):
             if packing is not None:
-                return grads + packing.row(g % s_count, {i: _whole(dv) for i, dv in zip(own[g], d_own, strict=True)})
+                row = packing.row(g % s_count, {i: _whole(dv) for i, dv in zip(own[g], d_own, strict=True)})
+                return _grad_row(grads + row)
             grads = list(grads)
             for i, dv in zip(own[g], d_own, strict=True):
                 grads[i] = grads[i] + dv
@@ -276,10 +283,10 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
             return carry, None
 
         carry = {
-            "act": jnp.zeros((tables.act_slots + 1, mb, f_max), act_dtype),
-            "cot": jnp.zeros((tables.cot_slots + 1, mb, f_max), act_dtype),
+            "act": jnp.zeros((tables.act_slots + 1, mb, t_steps, f_max), act_dtype),
+            "cot": jnp.zeros((tables.cot_slots + 1, mb, t_steps, f_max), act_dtype),
             "w": [jnp.zeros((tables.w_slots, *shape), dtype) for shape, dtype in pool],  # only B writes: no trash
-            "grads": (jnp.zeros(packing.width, packing.dtype) if packing is not None
+            "grads": (_grad_row(jnp.zeros(packing.width, packing.dtype)) if packing is not None
                       else [jnp.zeros(v.shape, v.dtype) for v in stored]),
             "ms": model_state_in,
             "loss": jnp.zeros((), acc_dtype),
@@ -301,6 +308,9 @@ def pipeline_gradients(spec: PipelineSpec, mesh: Mesh, graphdef: nnx.GraphDef, p
         loss = jax.lax.psum(jnp.where(last, carry["loss"], 0), "stage")
         acc = jax.lax.psum(jnp.where(last, carry["acc"], 0), "stage")
         return grads, ms_out, loss, acc
+
+    def _grad_row(row):
+        return jax.lax.with_sharding_constraint(row, PartitionSpec(grad_axes or None)) if grad_axes else row
 
     # Which stage owns each piece of model state (BatchNorm statistics, neuron state).
     ms_owner = {}

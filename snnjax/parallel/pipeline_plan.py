@@ -154,6 +154,9 @@ def make_spec(model: nnx.Module, stages: int, options: PipelineOptions, *, globa
     elif global_batch_size is not None and (global_batch_size % m or (global_batch_size // m) % batch_shards):
         raise ValueError(f"the batch of {global_batch_size} does not split into {m} microbatches divisible over "
                          f"data x fsdp = {batch_shards}; change parallel.pp.microbatches or global_batch_size")
+    if options.schedule == "interleaved" and m % stages:
+        raise ValueError(f"the interleaved schedule runs microbatches in rounds of one per stage: "
+                         f"parallel.pp.microbatches={m} must be a multiple of stage={stages}")
     units = model.units()
     num_g = stages * virtual
     if options.layout:

@@ -108,12 +108,27 @@ class Plan:
                 return p.layout
         raise KeyError(f"no parameter {path!r} in this plan")
 
+    def row_axes(self, which: str = "param") -> tuple[str, ...]:
+        """Mode ``pp``: the mesh axes within a stage that split a packed row of ``which`` (``param``, ``grad``,
+        ``opt``): ``fsdp``, and ``data`` for the optimizer state under ZeRO-1/2 and the gradients under ZeRO-2."""
+        zero = {"param": 3, "grad": 2, "opt": 1}[which] <= self.zero_stage
+        return tuple(a for a in ("data", "fsdp") if self.axis_sizes[a] > 1 and (a == "fsdp" or zero))
+
+    def row_sharding(self, which: str = "param") -> NamedSharding:
+        """Mode ``pp``: the sharding of a packed ``[S, width]`` row array of ``which`` (see ``row_axes``)."""
+        axes = self.row_axes(which)
+        return NamedSharding(self._require_mesh(), PartitionSpec("stage", axes or None))
+
     def totals(self) -> dict[str, int]:
         total = sum(p.bytes for p in self.params)
         if self.packing is not None:  # one row of the packed parameters (and of each optimizer slot) per device
-            row = self.packing.width * np.dtype(self.packing.dtype).itemsize // self.axis_sizes["fsdp"]
-            return {"param_bytes": total, "param_bytes_per_device": row, "grad_bytes_per_device": row,
-                    "optimizer_bytes_per_device": self.opt_slots * row,
+            row = self.packing.width * np.dtype(self.packing.dtype).itemsize
+
+            def local(which: str) -> int:
+                return row // math.prod(self.axis_sizes[a] for a in self.row_axes(which))
+
+            return {"param_bytes": total, "param_bytes_per_device": local("param"),
+                    "grad_bytes_per_device": local("grad"), "optimizer_bytes_per_device": self.opt_slots * local("opt"),
                     "optimizer_bytes_replicated": self.opt_slots * total}
         grad = sum(_local_bytes(p.shape, p.layout.grad, self.axis_sizes, np.dtype(p.dtype).itemsize)
                    for p in self.params)
@@ -184,10 +199,11 @@ class Plan:
         mesh = self._require_mesh()
         replicated = NamedSharding(mesh, PartitionSpec())
         if self.packing is not None and self.packing.is_packed(state.params):
-            rows = NamedSharding(mesh, PartitionSpec("stage", "fsdp" if self.axis_sizes["fsdp"] > 1 else None))
-            return state.replace(step=replicated, params=rows, rngs=jax.tree.map(lambda _: replicated, state.rngs),
+            opt_rows = self.row_sharding("opt")
+            return state.replace(step=replicated, params=self.row_sharding(),
+                                 rngs=jax.tree.map(lambda _: replicated, state.rngs),
                                  model_state=self.model_state_shardings(state.model_state),
-                                 opt_state=jax.tree.map(lambda x: rows if self.packing.is_packed(x) else replicated,
+                                 opt_state=jax.tree.map(lambda x: opt_rows if self.packing.is_packed(x) else replicated,
                                                         state.opt_state))
         return state.replace(step=replicated, params=self.param_shardings(state.params),
                              rngs=jax.tree.map(lambda _: replicated, state.rngs),
@@ -203,7 +219,7 @@ class Plan:
         if self.packing is not None and self.packing.is_packed(params):
             tree = self.packing.abstract_tree()
             kw = dict(mesh=self._require_mesh(), rules=self.rules, packing=self.packing,
-                      params=self.param_shardings(tree, "compute"))
+                      params=self.param_shardings(tree, "compute"), grads=self.row_sharding("grad"))
         else:
             kw = dict(mesh=self._require_mesh(), rules=self.rules, params=self.param_shardings(params, "compute"),
                       grads=self.param_shardings(params, "grad"))
@@ -284,14 +300,14 @@ def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: li
 
 def _pipeline_layout(model: nnx.Module, stages: int, options: PipelineOptions, global_batch_size: int | None,
                      batch_shards: int, input_shape, compute_dtype,
-                     fsdp: int) -> tuple[PipelineSpec, list[str], StagePacking]:
+                     row_shards: int) -> tuple[PipelineSpec, list[str], StagePacking]:
     """The pipeline over ``stages`` devices (``pipeline_plan.make_spec``) and where its parameters are stored."""
     spec, why = pipeline_plan.make_spec(model, stages, options, global_batch_size=global_batch_size,
                                         batch_shards=batch_shards, input_shape=input_shape,
                                         dtype=compute_dtype or np.float32)
     tree = nnx.split(model, nnx.Param, ...)[1]  # as the train state holds it
     owner_stage = leaf_stages(tree, [u.owns for u in model.units()], spec.layout)
-    return spec, why, StagePacking.build(tree, [g % stages for g in owner_stage], stages, fsdp)
+    return spec, why, StagePacking.build(tree, [g % stages for g in owner_stage], stages, row_shards)
 
 
 def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: str = "speed",
@@ -332,9 +348,9 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     reasons: list[str] = []
 
     @functools.cache  # auto's choice and the pp plan share one layout (its unit costs are compiled)
-    def pipeline_layout(stages: int, batch_shards: int, fsdp: int):
+    def pipeline_layout(stages: int, batch_shards: int, row_shards: int):
         return _pipeline_layout(model_or_state, stages, pipeline or PipelineOptions(), global_batch_size, batch_shards,
-                                input_shape, compute_dtype, fsdp)
+                                input_shape, compute_dtype, row_shards)
 
     auto = mode == "auto"
     if auto:
@@ -384,6 +400,9 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         strategy = rules_lib.get_strategy(mode, zero_stage, sequence_parallel)
         rules_lib.check_mesh(strategy, sizes)
     temporal_lib.check(sizes.get("time", 1), time_steps, time_blocks)
+    if time_blocks and sizes.get("time", 1) > 1 and input_shape is not None and isinstance(model_or_state, nnx.Module):
+        temporal_lib.neuron_schedules(model_or_state, tuple(input_shape), sizes["time"], compute_dtype or np.float32,
+                                      time_blocks)  # a block count that fits no layer fails here, naming the layer
     if global_batch_size is not None:
         shards = sizes["data"] * sizes["fsdp"]
         if global_batch_size % shards:
@@ -403,7 +422,9 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
     spec, summary, packing = None, None, None
     if pp:
-        spec, why, packing = pipeline_layout(sizes["stage"], sizes["data"] * sizes["fsdp"], sizes["fsdp"])
+        # Rows pad to a multiple of the devices that may split them: fsdp, and data under ZeRO.
+        row_shards = sizes["fsdp"] * (sizes["data"] if strategy.zero_stage else 1)
+        spec, why, packing = pipeline_layout(sizes["stage"], sizes["data"] * sizes["fsdp"], row_shards)
         reasons += why
         summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,

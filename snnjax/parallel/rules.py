@@ -101,7 +101,7 @@ MODES = tuple(STRATEGIES)
 
 def get_strategy(mode: str, zero_stage: int | None = None, sequence_parallel: bool = False) -> Strategy:
     if mode not in STRATEGIES:
-        raise ValueError(f"parallel mode {mode!r} is not known; choose one of {list(MODES) + ['auto']}")
+        raise ValueError(f"parallel mode {mode!r} is not known; choose one of {list(MODES) + ['pp', 'auto']}")
     return STRATEGIES[mode].with_zero(zero_stage).with_sequence_parallel(sequence_parallel)
 
 

@@ -70,7 +70,14 @@ def neuron_schedules(model: nnx.Module, input_shape: tuple[int, ...], time_shard
 
     with neuron_temporal.recording() as found, jax.sharding.use_abstract_mesh(mesh), \
             neuron_temporal.block_count(time_blocks):
-        jax.eval_shape(run, state, jax.ShapeDtypeStruct(input_shape, dtype))
+        try:
+            jax.eval_shape(run, state, jax.ShapeDtypeStruct(input_shape, dtype))
+        except ValueError as e:
+            if "time_blocks" not in str(e):
+                raise
+            layer = str(e).removeprefix("the neuron layer ")
+            name = type(model).__name__
+            raise ValueError(f"{name}'s neuron layer {len(found) + 1} (in call order) {layer}") from None
     return found
 
 
@@ -90,5 +97,5 @@ class StepLayout(layout.StepLayout):
 
     @contextlib.contextmanager
     def context(self):
-        with super().context(), neuron_temporal.block_count(self.time_blocks):
+        with super().context(), neuron_temporal.block_count(self.time_blocks), neuron_temporal.devices(self.mesh):
             yield

@@ -181,6 +181,9 @@ class Trainer:
         microbatches instead of ``parallel.pp.microbatches`` (mode auto is not chosen again)."""
         c = self.c
         pipeline = _pipeline_args(c, source, dtype)
+        if c.parallel.time_blocks and "input_shape" not in pipeline:  # checks the block count against each layer
+            data = DataShape.of(source, c.data.time_steps)
+            pipeline.update(input_shape=(data.time_steps, c.global_batch_size, *data.frame_shape), compute_dtype=dtype)
         if microbatches is not None:
             pipeline["pipeline"] = dataclasses.replace(pipeline["pipeline"], microbatches=microbatches)
         return parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
@@ -220,10 +223,13 @@ class Trainer:
         self._log(result.summary() + (f" (per device: {rows} of the {c.global_batch_size} examples per step)"
                                       if not pp and (shards > 1 or c.grad_accum_steps > 1) else ""))
         if result.chosen is None:
+            fixes = ("raise parallel.pp.microbatches (smaller microbatches), lower global_batch_size, set "
+                     "parallel.zero_stage=1 or 2 (optimizer state and gradients split over data within a stage), "
+                     "or pipeline over more stages" if pp else
+                     "lower global_batch_size or raise grad_accum_steps, or shard over more devices")
             raise ValueError(f"no checkpointing plan fits parallel.memory_budget_mb={c.parallel.memory_budget_mb:g} "
-                             f"(the smallest compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.0f} "
-                             "MiB per device): raise the budget, lower global_batch_size or raise grad_accum_steps, "
-                             "or shard over more devices")
+                             f"(the smallest compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.1f} "
+                             f"MiB per device): raise the budget, {fixes}")
         remat.configure(model, result.chosen.candidate.settings)
         return result
 

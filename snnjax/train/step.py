@@ -181,9 +181,17 @@ def _pipeline_gradients(cfg, graphdef, state, x, labels, k, drop_key, layout, ac
     grads, model_state, loss_sum, acc_sum = pipeline_gradients(
         layout.pipeline, layout.mesh, graphdef, params, state.rngs, state.model_state, xs, ys, drop_key,
         loss_fn=lambda logits, y: loss_and_accuracy(cfg, logits, y, acc_dtype), acc_dtype=acc_dtype,
-        packing=layout.packing)
+        packing=layout.packing, grad_axes=_row_axes(layout.grads) if layout.packing is not None else ())
     grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     return grads, model_state, loss_sum, acc_sum
+
+
+def _row_axes(sharding) -> tuple[str, ...]:
+    """The mesh axes within a stage that split a packed gradient row (its spec's second entry)."""
+    if sharding is None or len(sharding.spec) < 2 or sharding.spec[1] is None:
+        return ()
+    axes = sharding.spec[1]
+    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 def eval_step(cfg: StepConfig, graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],

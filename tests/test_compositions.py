@@ -1,0 +1,116 @@
+"""Layouts composed with each other do what the plan says (float64, against one device).
+
+* A pipeline over ``stage`` with ``time`` inside: each stage's neurons pipeline their time steps over
+  ``time`` (no activation is gathered over T), and training equals one device.
+* The fused native neuron kernels run per device inside the pipeline's stages (data or tensor inside a
+  stage) and in the time split with data, on each device's share of the neurons.
+* ZeRO inside the pipeline: ``zero_stage=2`` splits each stage row's optimizer state (and gradients) over
+  the stage's data axis.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_parallel_equivalence import BATCH, TOL, _flat, _rel, gathered_dims, initial_state, neuron_kernels, three_steps
+
+from snnjax import parallel
+from snnjax.models import CIFAR10DVSVGG, SpikingMLP
+from snnjax.neurons import set_impl
+from snnjax.neurons import temporal as neuron_temporal
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.step import StepConfig
+
+T = 6  # no other dim of the test's arrays has this size: a gather over T is recognisable in the HLO
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64(x64_module):
+    yield
+    _run.cache_clear()
+
+
+def build(name: str, impl: str):
+    kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
+    if name == "mlp":  # 3 units: two hidden layers and the head
+        model, shape = SpikingMLP(16, (16, 16), 10, batch_norm=True, **kw), (T, BATCH, 4, 4, 1)
+    else:
+        model = CIFAR10DVSVGG(widths=(8, 8, 8, 8, 8, 8, 8, 8), image_size=16, dropout=0.0, **kw)
+        shape = (2, BATCH, 16, 16, 2)
+    set_impl(model, impl)
+    return model, shape
+
+
+@functools.cache
+def _run(name: str, mesh_spec: str | None, mode: str, microbatches: int = 1, impl: str = "auto",
+         zero_stage: int | None = None):
+    """``(first-step metrics, state after 3 steps, plan, compiled HLO text, neuron schedules traced)``."""
+    model, graphdef, tx, host_state, x, y = initial_state(*build(name, impl))
+    cfg = StepConfig(seed=0, time_steps=x.shape[0], encoder=None, compute_dtype=jnp.float64, return_grads=True,
+                     grad_accum_steps=microbatches if mesh_spec is None else 1)
+    if mesh_spec is None:
+        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
+    else:
+        pipeline = PipelineOptions("1f1b", 1, microbatches) if mode == "pp" else None
+        size = int(np.prod(list(mesh_lib.parse_mesh_spec(mesh_spec).values())))
+        plan = parallel.plan(model, mesh_lib.make_mesh(mesh_spec, jax.devices()[:size]), mode=mode,
+                             global_batch_size=BATCH,
+                             pipeline=pipeline, zero_stage=zero_stage, time_steps=x.shape[0])
+    with neuron_temporal.recording() as schedules:
+        first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    if plan.packing is not None:
+        state = plan.packing.unpack_state(state)
+        first = dict(first, grads=plan.packing.unpack(first["grads"]))
+    return jax.device_get(first), jax.device_get(state), plan, compiled.as_text(), list(schedules)
+
+
+def _assert_equal_to_one_device(name, first, state, microbatches=1, impl="auto"):
+    ref_first, ref_state, *_ = _run(name, None, "none", microbatches, impl)
+    assert _rel(first["loss"], ref_first["loss"]) <= TOL
+    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))
+    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
+        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
+    for part in ("params", "model_state", "opt_state"):
+        assert _rel(_flat(getattr(state, part)), _flat(getattr(ref_state, part))) <= TOL, part
+
+
+def test_pipeline_with_time_splits_each_stage_time_steps():
+    """pp on stage=2 x time=2 x data=2: the neurons inside each stage run the time pipeline (T/2 steps per
+    device, potentials passed between time devices), nothing is gathered over T, and training equals one
+    device (1f1b, 2 microbatches)."""
+    first, state, plan, hlo, schedules = _run("mlp", "stage=2,time=2,data=2", "pp", 2)
+    assert plan.mode == "pp" and plan.temporal["time_shards"] == 2
+    assert schedules and all(s.shards == 2 for _, s in schedules), schedules  # every neuron call split T
+    assert T not in [size for _, size in gathered_dims(hlo)], [ln for ln in hlo.splitlines() if "all-gather(" in ln]
+    _assert_equal_to_one_device("mlp", first, state, 2)
+
+
+@pytest.mark.parametrize("mesh_spec,mode,shards", [("stage=2,data=4", "pp", 4), ("stage=2,tensor=2", "pp", 2),
+                                                   ("time=2,data=4", "dp", 8)])
+def test_fused_kernels_run_per_device_inside_composed_layouts(mesh_spec, mode, shards):
+    """The native kernels, not the ``xla`` path, and each call on at most its device's share of the neurons:
+    inside a pipeline stage with data or tensor left to the partitioner, and per time block with data."""
+    impl = "native" if "time" in mesh_spec else "auto"  # the time split's blocks take the kernel when asked
+    microbatches = 2 if mode == "pp" else 1
+    first, state, plan, hlo, _ = _run("vgg", mesh_spec, mode, microbatches, impl)
+    ref_hlo = _run("vgg", None, "none", microbatches, impl)[3]
+    got, ref = neuron_kernels(hlo), neuron_kernels(ref_hlo)
+    assert set(got) == {"SnnNeuronForwardF64", "SnnNeuronBackwardF64"}, got
+    assert max(got["SnnNeuronForwardF64"]) * shards <= max(ref["SnnNeuronForwardF64"]) * (
+        2 if mode == "pp" else 1), (got, ref)  # pp: a microbatch is half the batch
+    _assert_equal_to_one_device("vgg", first, state, microbatches, impl)
+
+
+def test_zero_inside_the_pipeline_splits_the_optimizer_rows_over_data():
+    first, state, plan, _, _ = _run("vgg", "stage=2,data=4", "pp", 2, "auto", 2)
+    base = _run("vgg", "stage=2,data=4", "pp", 2)[2]
+    zero, plain = plan.totals(), base.totals()
+    assert zero["optimizer_bytes_per_device"] <= 1.05 * plain["optimizer_bytes_per_device"] / 4, (zero, plain)
+    assert zero["grad_bytes_per_device"] <= 1.05 * plain["grad_bytes_per_device"] / 4
+    assert plan.row_sharding("opt").spec == jax.sharding.PartitionSpec("stage", ("data",))
+    _assert_equal_to_one_device("vgg", first, state, 2)
