@@ -18,7 +18,7 @@ from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
-from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models import CIFAR10DVSVGG, Spikformer, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
 from snnjax.parallel.pipeline_plan import PipelineOptions
@@ -49,9 +49,16 @@ def _setup(model_name: str):
 
 
 @functools.cache
-def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1):
-    """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device."""
-    model, graphdef, tx, host_state, x, y = _setup(model_name)
+def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1,
+         policy: str = "none"):
+    """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device;
+    ``policy``: the activation checkpointing of every unit (``snnjax.models.remat``)."""
+    if policy == "none":
+        model, graphdef, tx, host_state, x, y = _setup(model_name)
+    else:  # a model of its own (the same parameters), checkpointed
+        model, shape = build(model_name)
+        remat.configure(model, policy)
+        model, graphdef, tx, host_state, x, y = initial_state(model, shape)
     host_state = jax.tree.map(lambda a: a.copy(), host_state)
     if mesh_spec is None:
         cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
@@ -74,6 +81,8 @@ CASES = [(model, f"stage={s}", sched, 4, 2 if sched == "interleaved" else 1)
          for model in ("vgg", "spikformer") for s in (2, 4) for sched in pipeline_plan.SCHEDULES]
 CASES += [(model, "stage=2,data=2,tensor=2", sched, 2, 1) for model in ("vgg", "spikformer")
           for sched in ("1f1b", "zero_bubble")]
+CASES += [("vgg", "stage=2,data=2,tensor=2", "gpipe", 2, 1), ("vgg", "stage=2,data=2,tensor=2", "interleaved", 2, 2),
+          ("vgg", "stage=2,fsdp=4", "1f1b", 2, 1)]
 
 
 @pytest.mark.parametrize("model_name,mesh_spec,schedule,microbatches,virtual", CASES)
@@ -89,6 +98,15 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
     assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
     assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
     assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
+
+
+@pytest.mark.parametrize("policy", ["units", "dots_saveable"])
+def test_pipeline_with_activation_checkpointing_matches_single_device(policy):
+    """1F1B on stage=2 x data=4 with every unit checkpointed: the loss and gradients of one device."""
+    ref_first, _, _, _ = _run("vgg", None, "", 2, 1, policy)
+    first, _, _, _ = _run("vgg", "stage=2,data=4", "1f1b", 2, 1, policy)
+    assert _rel(first["loss"], ref_first["loss"]) <= TOL
+    assert _rel(_flat(first["grads"]), _flat(ref_first["grads"])) <= TOL
 
 
 def test_one_f_one_b_holds_stage_inputs_by_stages_not_microbatches():

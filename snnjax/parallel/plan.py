@@ -100,7 +100,8 @@ class Plan:
     @property
     def temporal(self) -> dict[str, Any] | None:
         """The time split (``snnjax.parallel.temporal.summary``), None without one."""
-        return temporal_lib.summary(self.axis_sizes.get("time", 1), self.time_steps, self.time_blocks)
+        return temporal_lib.summary(self.axis_sizes.get("time", 1), self.time_steps, self.time_blocks,
+                                    in_pipeline=self.mode == "pp")
 
     def layout_of(self, path: str) -> rules_lib.ArrayLayout:
         for p in self.params:
@@ -258,7 +259,7 @@ def _mesh_if_available(sizes: Mapping[str, int], devices=None) -> Mesh | None:
 
 
 def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: list[ParamPlan],
-              tp_layers: list[dict], n_bn: int) -> list[dict[str, Any]]:
+              tp_layers: list[dict], n_bn: int, pp: bool = False) -> list[dict[str, Any]]:
     d, f, t = sizes["data"], sizes["fsdp"], sizes["tensor"]
     local = sum(_local_bytes(p.shape, p.layout.compute, sizes, np.dtype(p.dtype).itemsize) for p in params)
     out = []
@@ -288,7 +289,8 @@ def _expected(strategy: rules_lib.Strategy, sizes: Mapping[str, int], params: li
     if sizes.get("time", 1) > 1:
         out.append({"kind": "all-reduce", "over": ("time",), "what": "gradients (each time shard sees its steps)",
                     "bytes": local})
-        out.append({"kind": "collective-permute", "over": ("time",), "what": "membrane potentials to the next time "
+        exchange = temporal_lib.summary(sizes["time"], None, 0, in_pipeline=pp)["exchange"]
+        out.append({"kind": exchange, "over": ("time",), "what": "membrane potentials to the next time "
                     "shard (forward) and their gradients back (backward), one neuron block per tick", "bytes": None})
     if d * f * sizes.get("time", 1) > 1 and n_bn:
         over = tuple(a for a in ("data", "fsdp", "time") if sizes.get(a, 1) > 1)
@@ -419,7 +421,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     tp_layers = [{"role": tp_role(names)} for path, *_, names, _ in entries
                  if path.endswith("kernel") and tp_role(names)]
     n_bn = sum(1 for path, var in flat_vars(model_state) if isinstance(var, nnx.BatchStat) and path.endswith("mean"))
-    expected = _expected(strategy, sizes, plans, tp_layers, n_bn)
+    expected = _expected(strategy, sizes, plans, tp_layers, n_bn, pp)
     spec, summary, packing = None, None, None
     if pp:
         # Rows pad to a multiple of the devices that may split them: fsdp, and data under ZeRO.

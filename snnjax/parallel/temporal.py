@@ -32,8 +32,10 @@ def check(time_shards: int, time_steps: int | None, time_blocks: int) -> None:
                          f"{time_steps}")
 
 
-def summary(time_shards: int, time_steps: int | None, time_blocks: int) -> dict[str, Any] | None:
-    """What the plan says about the time split (None when ``time`` is 1)."""
+def summary(time_shards: int, time_steps: int | None, time_blocks: int,
+            in_pipeline: bool = False) -> dict[str, Any] | None:
+    """What the plan says about the time split (None when ``time`` is 1); ``in_pipeline``: inside the stages of a
+    pipeline over ``stage`` (where XLA:CPU needs the potentials exchanged by all-gather)."""
     if time_shards < 2:
         return None
     want = neuron_temporal.min_blocks(time_shards)
@@ -41,7 +43,8 @@ def summary(time_shards: int, time_steps: int | None, time_blocks: int) -> dict[
     return {"time_shards": time_shards, "steps_per_shard": None if time_steps is None else time_steps // time_shards,
             "blocks": time_blocks or "auto", "auto_min_blocks": want,
             "bubble": round(neuron_temporal.bubble(time_shards, blocks), 4),
-            "bytes_per_step": "2 x (neurons / B) x state bytes x (B + P - 1) per neuron layer and device"}
+            "bytes_per_step": "2 x (neurons / B) x state bytes x (B + P - 1) per neuron layer and device",
+            "exchange": ("all-gather" if in_pipeline and jax.default_backend() == "cpu" else "collective-permute")}
 
 
 def describe(info: dict[str, Any]) -> str:
@@ -53,7 +56,10 @@ def describe(info: dict[str, Any]) -> str:
     else:
         blocks = f"{info['blocks']} blocks: bubble {info['bubble']:.1%}"
     return (f"  temporal: T over time={info['time_shards']}{per}; neurons pipelined over {blocks}; each neuron "
-            f"layer sends per device and step {info['bytes_per_step'].split(' per ')[0]}")
+            f"layer sends per device and step {info['bytes_per_step'].split(' per ')[0]}"
+            + ("" if info["exchange"] == "collective-permute" else
+               " (inside the pipeline's stages on the CPU: each block's potentials all-gathered over time, as "
+               "XLA:CPU cannot run a collective-permute in one stage's branch; P times the bytes)"))
 
 
 def neuron_schedules(model: nnx.Module, input_shape: tuple[int, ...], time_shards: int, dtype=jnp.float32,
