@@ -68,12 +68,15 @@ def write_heidelberg_h5(path: str | os.PathLike, times: list[np.ndarray], units:
     """An SHD/SSC-layout HDF5 file: ``spikes/times`` (float16 seconds), ``spikes/units`` (uint16), ``labels`` (uint16)."""
     import h5py  # noqa: PLC0415
 
+    def ragged(arrays, dtype):
+        out = np.empty(len(arrays), dtype=object)
+        out[:] = [np.asarray(a, dtype) for a in arrays]
+        return out
+
     with h5py.File(path, "w") as f:
         spikes = f.create_group("spikes")
-        spikes.create_dataset("times", data=np.array([np.asarray(t, np.float16) for t in times], dtype=object),
-                              dtype=h5py.vlen_dtype(np.float16))
-        spikes.create_dataset("units", data=np.array([np.asarray(u, np.uint16) for u in units], dtype=object),
-                              dtype=h5py.vlen_dtype(np.uint16))
+        spikes.create_dataset("times", data=ragged(times, np.float16), dtype=h5py.vlen_dtype(np.float16))
+        spikes.create_dataset("units", data=ragged(units, np.uint16), dtype=h5py.vlen_dtype(np.uint16))
         f.create_dataset("labels", data=np.asarray(labels, np.uint16))
 
 
