@@ -86,7 +86,7 @@ def test_frames_by_number_time_and_duration(shd_dir):
     assert src.example_shape == (4, 700) and src.num_classes == 20 and len(src) == 6
     frames, labels = src.read(np.arange(6))
     np.testing.assert_array_equal(labels, [3, 19, 0, 7, 7, 12])
-    for i, (times, units) in enumerate(train):
+    for i, (_, units) in enumerate(train):
         np.testing.assert_array_equal(frames[i], loop_number(units, 4))
     by_time = get_source("shd", "train", data_dir=root, time_steps=4, split_by="time").read(np.arange(6))[0]
     by_ms = get_source("shd", "train", data_dir=root, time_steps=30, split_by="duration", duration=25)
@@ -95,7 +95,7 @@ def test_frames_by_number_time_and_duration(shd_dir):
         np.testing.assert_array_equal(by_time[i], loop_time(times, units, 4))
         np.testing.assert_array_equal(ms_frames[i], loop_duration(times, units, 25, 30))
     padded = get_source("shd", "train", data_dir=root, time_steps=30, split_by="duration", duration=40)
-    for i, (times, units) in enumerate(train):  # at most 23 frames of 40 ms: all spikes kept, then empty frames
+    for i, (_, units) in enumerate(train):  # at most 23 frames of 40 ms: all spikes kept, then empty frames
         frames = padded.read([i])[0][0]
         assert frames.sum() == len(units) and frames[23:].sum() == 0
 

@@ -65,7 +65,7 @@ def atis_bytes(t: np.ndarray, x: np.ndarray, y: np.ndarray, p: np.ndarray) -> by
 
 def write_heidelberg_h5(path: str | os.PathLike, times: list[np.ndarray], units: list[np.ndarray],
                         labels: np.ndarray) -> None:
-    """An SHD/SSC-layout HDF5 file: ``spikes/times`` (float16 seconds), ``spikes/units`` (uint16), ``labels`` (uint16)."""
+    """An SHD/SSC-layout HDF5 file: ``spikes/times`` (float16 s), ``spikes/units`` and ``labels`` (uint16)."""
     import h5py  # noqa: PLC0415
 
     def ragged(arrays, dtype):
