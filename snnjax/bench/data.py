@@ -35,6 +35,7 @@ IMAGE_SIZE = (375, 500)  # rows, columns
 def generate(dataset: str, root: Path, examples: int, seed: int = 0) -> None:
     """Writes ``examples`` training examples of ``dataset`` (and a few test ones) under ``root``."""
     rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
     if dataset == "dvs128_gesture":
         folder = root / "DvsGesture"
         folder.mkdir(parents=True)
