@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from snnjax.data import Loader
+from snnjax.data import dvs128_gesture as gesture
 from snnjax.data.dvs128_gesture import SPIKINGJELLY_LABEL, read_aedat31
 from snnjax.data.registry import get_source
 
@@ -146,3 +147,14 @@ def test_cache_and_augmented_resume(tmp_path):
     assert len(list((tmp_path / "cache" / "frames_T2_area32x32").rglob("*.npz"))) == len(src)
     raw, _ = plain.read(loader.step_indices(0, 0)[0])
     assert not np.array_equal(raw, full[0]["inputs"].swapaxes(0, 1))  # augmented
+
+
+def test_one_decode_caches_every_sample_of_a_recording(tmp_path, monkeypatch):
+    make_release(tmp_path, np.random.default_rng(4))
+    decoded = []
+    original = gesture.read_aedat31
+    monkeypatch.setattr(gesture, "read_aedat31", lambda path, **kw: decoded.append(path.name) or original(path, **kw))
+    src = get_source("dvs128_gesture", "train", data_dir=tmp_path, time_steps=2, num_workers=1)
+    src.read(np.arange(len(src))[::-1])  # reversed: samples of the two recordings interleave
+    assert sorted(decoded) == ["user01_fluorescent.aedat", "user01_led.aedat"]
+    assert all(src.cache_path(i).exists() for i in range(len(src)))

@@ -131,6 +131,9 @@ class DVS128GestureSource(EventFolderSource):
         super().__init__(root, [s[0] for s in samples], [s[3] for s in samples], reader=read_aedat31,
                          sensor_size=GESTURE_SIZE, num_classes=NUM_GESTURES, name="dvs128_gesture", **kwargs)
         self.samples = samples
+        self._by_recording: dict[Path, list[int]] = collections.defaultdict(list)
+        for i, sample in enumerate(samples):
+            self._by_recording[sample[0]].append(i)
         self._recordings: collections.OrderedDict[Path, Events] = collections.OrderedDict()
         self._recordings_lock = threading.Lock()
 
@@ -159,6 +162,20 @@ class DVS128GestureSource(EventFolderSource):
     def cache_key(self, index: int) -> str:
         _, start, end, _, _ = self.samples[index]
         return f"{super().cache_key(index)};window={start},{end}"
+
+    def _build(self, index: int) -> np.ndarray:
+        """Caches every uncached sample of ``index``'s recording while it is decoded (shuffled reads would
+        otherwise decode a recording once per sample)."""
+        recording = self.samples[index][0]
+        siblings = [i for i in self._by_recording[recording]
+                    if i == index or not self.cache_path(i).exists()]
+        result = None
+        for i in siblings:
+            frames = self.compute_frames(i)
+            self._save(i, frames)
+            if i == index:
+                result = frames
+        return result
 
     def _build_order(self) -> list[int]:
         return sorted(range(len(self)), key=lambda i: str(self.samples[i][0]))

@@ -143,13 +143,22 @@ class EventFolderSource(Source):
         frames = load_frames(path, self.example_shape, key)
         if frames is None:
             self._start_progress()
-            frames = self.compute_frames(index)
-            try:
-                save_frames(path, frames, key)
-            except OSError as err:
-                raise OSError(f"cannot write the frame cache {path}; pass cache_dir=<writable folder> "
-                              "(data.options.cache_dir) or cache=False") from err
-            self._advance_progress()
+            frames = self._build(index)
+        return frames
+
+    def _save(self, index: int, frames: np.ndarray) -> None:
+        path = self.cache_path(index)
+        try:
+            save_frames(path, frames, self.cache_key(index))
+        except OSError as err:
+            raise OSError(f"cannot write the frame cache {path}; pass cache_dir=<writable folder> "
+                          "(data.options.cache_dir) or cache=False") from err
+        self._advance_progress()
+
+    def _build(self, index: int) -> np.ndarray:
+        """Computes and caches example ``index`` (subclasses may cache others read from the same file)."""
+        frames = self.compute_frames(index)
+        self._save(index, frames)
         return frames
 
     def _start_progress(self) -> None:
