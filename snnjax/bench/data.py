@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -105,7 +106,8 @@ def measure(dataset: str, root: Path, batch_size: int, time_steps: int, workers:
         rate = epoch_rate(source, batch_size)
         records.append({"bench": "data", "dataset": dataset, "phase": phase, "workers": workers,
                         "examples": len(source), "batch_size": batch_size, "example_shape": list(source.example_shape),
-                        "samples_per_s": round(rate, 2)})
+                        "samples_per_s": round(rate, 2), "load_avg": round(os.getloadavg()[0], 2),
+                        "cpus": os.cpu_count()})
         print(json.dumps(records[-1]), flush=True)
     return records
 
