@@ -4,6 +4,7 @@ Expected frames come from loops over the spikes written here, following SpikingJ
 builders (number: equal counts; time: exact division of the span; duration: 1000 * t ms).
 """
 import math
+import os
 
 import h5py
 import numpy as np
@@ -134,3 +135,22 @@ def test_ssc_splits_and_errors(tmp_path):
     write_h5(tmp_path / "shd_train.h5", [(np.array([0.1, 0.1], np.float16), np.array([1, 2], np.uint16))], [0])
     with pytest.raises(ValueError, match="shd_train.h5: sample 0.*split_by='number'"):
         get_source("shd", "train", data_dir=tmp_path, split_by="duration", duration=5).read([0])
+
+
+def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
+    root, train, _ = shd_dir
+    cached = get_source("shd", "train", data_dir=root, time_steps=4)
+    direct = get_source("shd", "train", data_dir=root, time_steps=4, cache=False)
+    assert (root / "shd_train.h5.spikes" / "key.txt").exists()
+    for i, (times, units) in enumerate(train):
+        for src in (cached, direct):
+            t, u = src.spikes(i)
+            np.testing.assert_array_equal(t, times)
+            np.testing.assert_array_equal(u, units)
+    rng = np.random.default_rng(5)
+    new = make_samples(rng, 2, count=7)
+    write_h5(root / "new.h5", new, [1, 2])
+    os.replace(root / "new.h5", root / "shd_train.h5")  # the file changes: the copy is rebuilt
+    again = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=str(root))
+    assert len(again) == 2
+    np.testing.assert_array_equal(again.spikes(1)[1], new[1][1])

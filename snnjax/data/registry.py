@@ -23,7 +23,7 @@ name               inputs per example         data / options
 
 The event-frame datasets (``nmnist`` to ``ncaltech101``) also take ``split_by``, ``duration``,
 ``flip``, ``translate``, ``num_workers``, ``cache_dir`` and ``cache``; ``shd`` and ``ssc`` take
-``split_by`` and ``duration`` (see :mod:`snnjax.data.frames`).
+``split_by``, ``duration``, ``cache_dir`` and ``cache`` (see :mod:`snnjax.data.frames`).
 
 Each entry says whether the source reads files (``reads_files``: it takes a ``data_dir``),
 whether its examples are event frames with their own time axis (``events``: it takes
@@ -88,8 +88,8 @@ DATASETS: dict[str, DatasetEntry] = {
                                    options={"size": int, **_EVENTS}),
     "ncaltech101": DatasetEntry(ncaltech101_source, reads_files=True, events=True,
                                 options={"size": int, "train_ratio": float, "background": bool, **_EVENTS}),
-    "shd": DatasetEntry(shd_source, reads_files=True, events=True, options=_FRAMES),
-    "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options=_FRAMES),
+    "shd": DatasetEntry(shd_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
+    "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
     "image_folder": DatasetEntry(image_folder_source, reads_files=True, events=False,
                                  options={"size": int, "flip": bool, "num_workers": int}),
     "synthetic_dvs": DatasetEntry(SyntheticDVSSource, reads_files=False, events=True,

@@ -22,7 +22,9 @@ Frames, as SpikingJelly's SHD/SSC builders, ``[T, 700]`` spike counts per channe
 The arithmetic stays in the file's dtype, as SpikingJelly's. SpikingJelly's frame datasets
 (``DatasetFolder`` over class folders named ``0``, ``1``, ...) sort those names as strings, so
 their labels are a permutation of the stored ones for 11 or more classes; labels here are the stored ones.
-Frames are computed on each read (a sample is a few thousand spikes); nothing is cached.
+Frames are computed on each read (a sample is a few thousand spikes) from a memory-mapped copy of
+the file's spikes made on first use (:mod:`snnjax.data.spike_cache`; ``cache=False`` reads the
+HDF5 file sample by sample).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import numpy as np
 from snnjax.data.events import Events, segment_bounds_by_number
 from snnjax.data.frames import FrameSpec, bounds_by_duration, bounds_by_time, count_segments
 from snnjax.data.source import Source
+from snnjax.data.spike_cache import spike_arrays
 
 NUM_CHANNELS = 700
 HEIDELBERG = {  # name -> (classes, splits)
@@ -77,9 +80,12 @@ class HeidelbergSource(Source):
       path: the ``.h5`` file.
       num_classes: 20 (SHD) or 35 (SSC).
       frames: the integration.
+      cache_dir: folder for the memory-mapped spike copy (:mod:`snnjax.data.spike_cache`), default beside the file.
+      cache: read through that copy (else sample by sample from the HDF5 file).
     """
 
-    def __init__(self, path: Path, num_classes: int, frames: FrameSpec):
+    def __init__(self, path: Path, num_classes: int, frames: FrameSpec, *,
+                 cache_dir: str | os.PathLike | None = None, cache: bool = True):
         import h5py  # noqa: PLC0415 (only these datasets need it)
 
         self.path = Path(path)
@@ -101,6 +107,13 @@ class HeidelbergSource(Source):
             raise ValueError(f"{self.path}: labels span [{self._labels.min()}, {self._labels.max()}], outside "
                              f"[0, {num_classes})")
         self._lock = threading.Lock()  # h5py serialises access anyway; one reader at a time
+        self._flat = None
+        if cache:
+            folder = Path(cache_dir) if cache_dir is not None else self.path.parent
+            try:
+                self._flat = spike_arrays(self.path, self._times, self._units, folder / f"{self.path.name}.spikes")
+            except ValueError as err:
+                raise ValueError(f"{self.path}: {err}: the file is corrupt") from err
         self.spec = frames
         self.num_classes = int(num_classes)
         self.time_steps = frames.time_steps
@@ -118,8 +131,13 @@ class HeidelbergSource(Source):
 
     def spikes(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Sample ``index``'s ``(times [N] seconds, units [N])`` as stored."""
-        with self._lock:
-            times, units = self._times[index], self._units[index]
+        if self._flat is not None:
+            times, units, offsets = self._flat
+            lo, hi = int(offsets[index]), int(offsets[index + 1])
+            times, units = np.asarray(times[lo:hi]), np.asarray(units[lo:hi])
+        else:
+            with self._lock:
+                times, units = self._times[index], self._units[index]
         if times.shape != units.shape:
             raise ValueError(f"{self.path}: sample {index} has {times.shape[0]} spike times but {units.shape[0]} units")
         if units.size and (units.min() < 0 or units.max() >= NUM_CHANNELS):
@@ -140,7 +158,8 @@ class HeidelbergSource(Source):
 
 
 def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-                      split_by: str | None = None, duration: int | None = None) -> HeidelbergSource:
+                      split_by: str | None = None, duration: int | None = None,
+                      cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
     """SHD (``name="shd"``) or SSC (``"ssc"``) frames ``[n, T, 700]``; ``duration`` in milliseconds."""
     num_classes, splits = HEIDELBERG[name]
     files = ", ".join(f"{name}_{s}.h5.zip" for s in splits)
@@ -152,18 +171,20 @@ def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | No
     if not path.is_file():
         raise FileNotFoundError(f"{name}: {path} not found. {_HINT.format(files=files)}")
     spec = FrameSpec(time_steps=time_steps, split_by=split_by or "number", duration=duration)
-    return HeidelbergSource(path, num_classes, spec)
+    return HeidelbergSource(path, num_classes, spec, cache_dir=cache_dir, cache=cache)
 
 
 def shd_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-               split_by: str | None = None, duration: int | None = None) -> HeidelbergSource:
+               split_by: str | None = None, duration: int | None = None,
+               cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
     """SHD (20 classes; splits ``train``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("shd", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
-                             duration=duration)
+                             duration=duration, cache_dir=cache_dir, cache=cache)
 
 
 def ssc_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-               split_by: str | None = None, duration: int | None = None) -> HeidelbergSource:
+               split_by: str | None = None, duration: int | None = None,
+               cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
     """SSC (35 classes; splits ``train``, ``valid``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("ssc", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
-                             duration=duration)
+                             duration=duration, cache_dir=cache_dir, cache=cache)
