@@ -19,6 +19,11 @@ Each batch is a dict of numpy arrays, time-major as the library expects:
   last, partial global batch is padded to the full size (repeating the
   epoch's first example) so every step has the same shapes on every process.
 
+Each row is read with an augmentation key ``(seed, epoch, position in the
+epoch)`` (:meth:`Loader.example_keys`); sources that augment their training
+split draw from ``np.random.default_rng(key)``, so augmentation too is a pure
+function of the step, whatever the process count.
+
 ``b = global_batch_size // process_count`` is the local batch size. Given the
 sharding of the batch axis instead (``batch_sharding``), the process reads the
 rows its devices hold: with the batch axes spanning all processes that is

@@ -13,7 +13,8 @@ numbered in sorted folder-name order (upper case first: ``BACKGROUND_Google``, `
 ``Leopards``, ``Motorbikes``, ``accordion``, ...) and files in sorted name order. There is no
 official split: as ``split_to_train_test_set(train_ratio, dataset, num_classes)`` with
 ``random_split=False``, the first ``ceil(train_ratio * n_c)`` files of each class form ``"train"``
-and the rest ``"test"`` (``train_ratio`` 0.9 by default).
+and the rest ``"test"`` (``train_ratio`` 0.9 by default). Frame caches default to folders beside the
+class folders (``frames_*``, ``custom_*``), which are therefore not read as classes.
 """
 from __future__ import annotations
 
