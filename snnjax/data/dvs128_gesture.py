@@ -21,7 +21,8 @@ Samples, as SpikingJelly's ``DVS128Gesture``: each CSV row ``(class, start, end)
 recording is one sample, the recording's events with ``start <= t < end``, label ``class - 1``
 (0..10); rows of one class in one recording are numbered ``k = 0, 1, ...`` and the sample is named
 ``<recording>_<k>``. ``"train"`` / ``"test"`` take the recordings listed in
-``trials_to_train.txt`` / ``trials_to_test.txt`` (SpikingJelly's documentation counts 1176 / 288 samples in the release). Examples are ordered by label, then by sample file name
+``trials_to_train.txt`` / ``trials_to_test.txt`` (SpikingJelly's documentation counts 1176 / 288
+samples in the release). Examples are ordered by label, then by sample file name
 (``<recording>_<k>.npz``, as SpikingJelly's folders list them).
 
 Labels here are the gesture index ``class - 1``. SpikingJelly's ``DatasetFolder`` sorts its class

@@ -15,7 +15,8 @@ threads (decoding and resizing release the GIL) into ``[size, size, 3]`` float32
   ``np.random.default_rng((seed, epoch, position))``, so the order and the augmentation are
   functions of the step and a resumed run reads the same batches;
 * evaluation (no keys, or the val split): the shorter side resized to ``round(size / 0.875)``
-  (256 for 224) and the centre ``size x size`` crop.
+  (256 for 224) and the centre ``size x size`` crop, done as one bilinear resampling of that
+  crop's window in the original image (torchvision resizes, then crops).
 
 The loader's bounded prefetch queue (``data.prefetch`` batches) runs ahead of the step, and each
 process reads only its slice of every batch.

@@ -83,5 +83,8 @@ def _build(times, units, cache_dir: Path, key: str) -> None:
         for handle, tmp in handles.values():
             handle.close()
             Path(tmp).unlink(missing_ok=True)
-    np.save(cache_dir / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]))
+    fd, tmp = tempfile.mkstemp(prefix="offsets.", suffix=".tmp", dir=cache_dir)
+    with os.fdopen(fd, "wb") as handle:
+        np.save(handle, np.concatenate([[0], np.cumsum(lengths)]))
+    os.replace(tmp, cache_dir / "offsets.npy")
     (cache_dir / "key.txt").write_text(key)
