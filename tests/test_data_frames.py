@@ -123,3 +123,10 @@ def test_cache_invalidated_by_file_and_settings_and_resumed(tmp_path, monkeypatc
     by_ms = get_source("nmnist", "test", data_dir=tmp_path, time_steps=2, split_by="duration", duration=1000)
     assert by_ms.cache_path(0).is_relative_to(tmp_path / "frames_T2_duration1000")
     assert len(files) == 20
+
+
+def test_cache_building_shows_progress(tmp_path, capsys):
+    write_nmnist(tmp_path, np.random.default_rng(1))
+    get_source("nmnist", "train", data_dir=tmp_path, time_steps=2).prepare(num_workers=1)
+    err = capsys.readouterr().err
+    assert "nmnist: building frames_T2" in err and "/10 " in err  # a bar over the 10 missing examples
