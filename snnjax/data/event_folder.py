@@ -1,24 +1,36 @@
-"""A source over a folder of raw event files, integrated into frames and cached.
+"""A source over raw event recordings, integrated into frames and cached.
 
-Every example is one event file. On first access it is decoded by a
-dataset-specific ``reader``, integrated into ``T`` frames of equal event count
-(:func:`snnjax.data.events.integrate_by_number`), optionally area-resized, and
-saved under ``cache_root`` (mirroring the file's path below ``root``, suffix
-``.npz``); later accesses read the cache. ``cache_root`` defaults to
-``root / "frames_T{T}"`` (``"frames_T{T}_area{h}x{w}"`` when resized), so
-different ``T`` or sizes never share files.
+Every example is one event file (or, in subclasses, one labelled part of one).
+On first access it is decoded by a dataset-specific ``reader``, integrated into
+``T`` frames by a :class:`~snnjax.data.frames.FrameSpec` (SpikingJelly's
+``split_by='number'`` unless told otherwise), optionally area-resized, and saved
+under ``cache_root`` (mirroring the file's path below ``root``, suffix ``.npz``);
+later accesses read the cache. ``cache_root`` defaults to
+``root / spec.cache_name`` (``frames_T{T}``, ``frames_T{T}_time``,
+``frames_T{T}_duration{D}``, ``custom_<name>_T{T}``; ``_area{h}x{w}`` appended when
+resized), so different settings never share files; each cache file also records
+the raw file's size and modification time and is rebuilt when they change.
+
+Building is resumable: each example's cache file is written atomically on its
+own, so an interrupted run keeps what it built. The examples still to build are
+counted on the first miss and a ``tqdm`` bar follows them.
 """
 from __future__ import annotations
 
+import copy
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from snnjax.data.events import Events, integrate_by_number, resize_area
+from snnjax.data.augment import EventAugment
+from snnjax.data.events import Events, resize_area
 from snnjax.data.frame_cache import load_frames, save_frames
+from snnjax.data.frames import FrameSpec
 from snnjax.data.source import Source
 
 
@@ -32,54 +44,92 @@ class EventFolderSource(Source):
       reader: decodes one file into :class:`Events`.
       sensor_size: ``(H, W)`` of the sensor.
       num_classes: number of classes.
-      time_steps: ``T``, the number of frames per example.
+      time_steps: ``T``, the number of frames per example (with the default ``split_by='number'``).
+      frames: the integration (overrides ``time_steps``); see :class:`FrameSpec`.
       size: optional ``(h, w)`` to area-resize frames to; ``None`` keeps ``(H, W)``.
-      cache_dir: folder that holds the ``frames_T{T}...`` cache subfolder (default ``root``).
+      cache_dir: folder that holds the cache subfolder (default ``root``).
       cache: whether to read and write the frame cache.
+      augment: per-example augmentation applied when the loader passes keys (training).
+      num_workers: threads that decode a batch's examples (1: the caller's thread).
+      name: the dataset's name in progress bars and errors.
     """
 
     def __init__(self, root: Path, files: Sequence[Path], labels: Sequence[int], *,
                  reader: Callable[[Path], Events], sensor_size: tuple[int, int], num_classes: int,
-                 time_steps: int, size: tuple[int, int] | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache: bool = True):
-        if time_steps < 1:
-            raise ValueError(f"time_steps must be >= 1, got {time_steps}")
+                 time_steps: int | None = None, frames: FrameSpec | None = None,
+                 size: tuple[int, int] | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache: bool = True, augment: EventAugment | None = None, num_workers: int = 1,
+                 name: str = "events"):
+        if frames is None:
+            frames = FrameSpec(time_steps=10 if time_steps is None else time_steps)
         if len(files) != len(labels):
             raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.root = Path(root)
         self.files = [Path(f) for f in files]
         self.labels = np.asarray(labels, np.int32)
         self.reader = reader
+        self.spec = frames
         self.sensor_size = tuple(sensor_size)
         self.size = self.sensor_size if size is None else (int(size[0]), int(size[1]))
         self.num_classes = int(num_classes)
-        self.time_steps = int(time_steps)
+        self.time_steps = frames.time_steps
         self.example_shape = (self.time_steps, *self.size, 2)
-        subdir = f"frames_T{self.time_steps}"
+        subdir = frames.cache_name
         if self.size != self.sensor_size:
             subdir += f"_area{self.size[0]}x{self.size[1]}"
         self.cache_root = Path(cache_dir if cache_dir is not None else self.root) / subdir
         self.cache = cache
+        self.augment = augment if augment is not None and augment.active else None
+        self.num_workers = int(num_workers)
+        self.name = name
+        self._lock = threading.Lock()
+        self._bar = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def with_frames(self, frames: FrameSpec) -> EventFolderSource:
+        """The same examples integrated by ``frames`` (e.g. a custom integrator), cached apart."""
+        other = copy.copy(self)
+        other.spec, other.time_steps = frames, frames.time_steps
+        other.example_shape = (frames.time_steps, *self.size, 2)
+        name = frames.cache_name + (f"_area{self.size[0]}x{self.size[1]}" if self.size != self.sensor_size else "")
+        other.cache_root = self.cache_root.parent / name
+        other._lock, other._bar, other._pool = threading.Lock(), None, None
+        return other
+
+    # ------------------------------------------------------------------ per-example hooks (subclasses)
+
+    def events(self, index: int) -> Events:
+        """The decoded events of example ``index`` (``ValueError`` naming the file if corrupt)."""
+        return self.reader(self.files[index])
 
     def cache_path(self, index: int) -> Path:
         """Where example ``index``'s frames are cached."""
         return self.cache_root / self.files[index].relative_to(self.root).with_suffix(".npz")
 
+    def cache_key(self, index: int) -> str:
+        """What example ``index``'s cached frames must have been built from."""
+        stat = self.files[index].stat()
+        return f"size={stat.st_size};mtime_ns={stat.st_mtime_ns};{self.spec.cache_name};{self.size}"
+
+    # ------------------------------------------------------------------ frames
+
     def compute_frames(self, index: int) -> np.ndarray:
         """Decodes and integrates example ``index`` without the cache: ``[T, h, w, 2]`` float32.
 
         Raises:
-          ValueError: the file cannot be decoded or its events do not fit the sensor (naming the file).
+          ValueError: the file cannot be decoded, its events do not fit the sensor, or the
+            integration mode cannot split them (naming the file).
         """
-        path = self.files[index]
-        events = self.reader(path)
+        events = self.events(index)
         try:
-            frames = integrate_by_number(events, self.time_steps, *self.sensor_size)
-        except ValueError as err:  # a reader that does not check its events itself
-            raise ValueError(f"{path}: {err}") from err
+            frames = self.spec.integrate(events, *self.sensor_size)
+        except ValueError as err:
+            raise ValueError(f"{self.files[index]}: {err}") from err
         if self.size != self.sensor_size:
             frames = resize_area(frames, *self.size)
         return frames
@@ -89,26 +139,74 @@ class EventFolderSource(Source):
         if not self.cache:
             return self.compute_frames(index)
         path = self.cache_path(index)
-        source_size = self.files[index].stat().st_size
-        frames = load_frames(path, self.example_shape, source_size)
+        key = self.cache_key(index)
+        frames = load_frames(path, self.example_shape, key)
         if frames is None:
-            frames = self.compute_frames(index)
-            try:
-                save_frames(path, frames, source_size)
-            except OSError as err:
-                raise OSError(f"cannot write the frame cache {path}; pass cache_dir=<writable folder> "
-                              "or cache=False") from err
+            self._start_progress()
+            frames = self._build(index)
         return frames
+
+    def _save(self, index: int, frames: np.ndarray) -> None:
+        path = self.cache_path(index)
+        try:
+            save_frames(path, frames, self.cache_key(index))
+        except OSError as err:
+            raise OSError(f"cannot write the frame cache {path}; pass cache_dir=<writable folder> "
+                          "(data.options.cache_dir) or cache=False") from err
+        self._advance_progress()
+
+    def _build(self, index: int) -> np.ndarray:
+        """Computes and caches example ``index`` (subclasses may cache others read from the same file)."""
+        frames = self.compute_frames(index)
+        self._save(index, frames)
+        return frames
+
+    def _start_progress(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                return
+            missing = sum(not self.cache_path(i).exists() for i in range(len(self)))
+            self._bar = tqdm(total=max(missing, 1), desc=f"{self.name}: building {self.cache_root.name}",
+                             unit="example", leave=False)
+
+    def _advance_progress(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.update(1)
+                if self._bar.n >= self._bar.total:
+                    self._bar.close()
+
+    def _build_order(self) -> list[int]:
+        """The order :meth:`prepare` builds examples in (subclasses group examples of one file)."""
+        return list(range(len(self)))
 
     def prepare(self, num_workers: int | None = None) -> None:
         """Builds (or validates) the cache of every example, with ``num_workers`` threads."""
         with ThreadPoolExecutor(max_workers=num_workers or min(8, os.cpu_count() or 1)) as pool:
-            for _ in pool.map(self.frames, range(len(self))):
+            for _ in pool.map(self.frames, self._build_order()):
                 pass
 
+    def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
+        frames = self.frames(index)
+        if key is not None and self.augment is not None:
+            frames = self.augment(frames, np.random.default_rng(key))
+        return frames
+
+    def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
+        if self.num_workers > 1 and len(rows) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix=f"snnjax-{self.name}")
+            frames = list(self._pool.map(lambda r: self._example(*r), rows))
+        else:
+            frames = [self._example(*r) for r in rows]
+        return np.stack(frames), self.labels[indices]
+
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        frames = np.stack([self.frames(int(i)) for i in indices])
-        return frames, self.labels[indices]
+        return self._read_all(indices, None)
+
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_all(indices, keys)
 
 
 def require_dir(path: Path, dataset: str, hint: str) -> Path:
@@ -116,3 +214,11 @@ def require_dir(path: Path, dataset: str, hint: str) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"{dataset}: directory {path} not found. {hint}")
     return path
+
+
+def event_settings(split: str, time_steps: int, split_by: str | None, duration: int | None,
+                   flip: bool | None, translate: int | None) -> tuple[FrameSpec, EventAugment | None]:
+    """The frame integration and (on ``"train"`` only) the augmentation the dataset options ask for."""
+    frames = FrameSpec(time_steps=time_steps, split_by=split_by or "number", duration=duration)
+    augment = EventAugment(flip=bool(flip), translate=int(translate or 0)) if split == "train" else None
+    return frames, augment

@@ -1,9 +1,9 @@
 """An on-disk cache of integrated event frames: one compressed ``.npz`` per sample.
 
-Each cache file holds ``frames`` (float32, the cached example) and
-``source_size`` (the byte size of the raw event file it was built from).
-:func:`load_frames` returns ``None`` for a missing, unreadable, truncated or
-mismatching file, so the caller rebuilds it; :func:`save_frames` writes to a
+Each cache file holds ``frames`` (float32, the cached example) and ``key``
+(a string naming what it was built from: the raw file's size and modification
+time and the integration settings). :func:`load_frames` returns ``None`` for a
+missing, unreadable, truncated or mismatching file, so the caller rebuilds it; :func:`save_frames` writes to a
 temporary file in the same folder and renames it into place, so readers
 (other threads or processes) never see a partial file.
 """
@@ -21,32 +21,32 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def load_frames(path: Path, expected_shape: tuple[int, ...], source_size: int) -> np.ndarray | None:
-    """The cached float32 frames at ``path``, or ``None`` if absent or not valid for this source."""
+def load_frames(path: Path, expected_shape: tuple[int, ...], key: str) -> np.ndarray | None:
+    """The cached float32 frames at ``path``, or ``None`` if absent or not built from ``key``."""
     if not path.exists():
         return None
     try:
         with np.load(path, allow_pickle=False) as data:
             frames = data["frames"]
-            cached_size = int(data["source_size"])
+            cached_key = str(data["key"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         log.warning("Rebuilding unreadable frame cache %s (%s)", path, err)
         return None
-    if frames.shape != tuple(expected_shape) or frames.dtype != np.float32 or cached_size != source_size:
-        log.warning("Rebuilding stale frame cache %s (shape %s, dtype %s, source size %d != %d)",
-                    path, frames.shape, frames.dtype, cached_size, source_size)
+    if frames.shape != tuple(expected_shape) or frames.dtype != np.float32 or cached_key != key:
+        log.warning("Rebuilding stale frame cache %s (shape %s, dtype %s, built from %r, now %r)",
+                    path, frames.shape, frames.dtype, cached_key, key)
         return None
     return frames
 
 
-def save_frames(path: Path, frames: np.ndarray, source_size: int) -> None:
-    """Atomically writes ``frames`` (float32) and ``source_size`` to ``path``."""
+def save_frames(path: Path, frames: np.ndarray, key: str) -> None:
+    """Atomically writes ``frames`` (float32) and ``key`` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez_compressed(f, frames=np.asarray(frames, np.float32),
-                                source_size=np.int64(source_size))
+                                key=np.array(key))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

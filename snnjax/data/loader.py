@@ -19,6 +19,11 @@ Each batch is a dict of numpy arrays, time-major as the library expects:
   last, partial global batch is padded to the full size (repeating the
   epoch's first example) so every step has the same shapes on every process.
 
+Each row is read with an augmentation key ``(seed, epoch, position in the
+epoch)`` (:meth:`Loader.example_keys`); sources that augment their training
+split draw from ``np.random.default_rng(key)``, so augmentation too is a pure
+function of the step, whatever the process count.
+
 ``b = global_batch_size // process_count`` is the local batch size. Given the
 sharding of the batch axis instead (``batch_sharding``), the process reads the
 rows its devices hold: with the batch axes spanning all processes that is
@@ -100,10 +105,22 @@ class Loader:
         return np.random.default_rng([self.seed, int(epoch)]).permutation(n)
 
     def _local_indices(self, order: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-        start = step * self.global_batch_size + self.process_index * self.local_batch_size
-        positions = np.arange(start, start + self.local_batch_size)
+        positions = self._positions(step)
         valid = positions < order.shape[0]
         return order[np.where(valid, positions, 0)], valid
+
+    def _positions(self, step: int) -> np.ndarray:
+        start = step * self.global_batch_size + self.process_index * self.local_batch_size
+        return np.arange(start, start + self.local_batch_size)
+
+    def example_keys(self, epoch: int, step: int) -> np.ndarray:
+        """``[b, 3]`` int64 ``(seed, epoch, position in the epoch)``: the augmentation key of each local row.
+
+        A row's key depends on where its example falls in the epoch, not on the process count, so
+        an example is augmented alike however the batch is split and after a resume.
+        """
+        positions = self._positions(step)
+        return np.stack([np.full_like(positions, self.seed), np.full_like(positions, int(epoch)), positions], 1)
 
     def step_indices(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         """This process's ``(indices [b], mask [b])`` for ``step`` of ``epoch``."""
@@ -111,8 +128,8 @@ class Loader:
             raise ValueError(f"step {step} outside [0, {self.steps_per_epoch})")
         return self._local_indices(self.epoch_order(epoch), step)
 
-    def _make_batch(self, indices: np.ndarray, mask: np.ndarray) -> Batch:
-        inputs, labels = self.source.read(indices)
+    def _make_batch(self, indices: np.ndarray, mask: np.ndarray, keys: np.ndarray | None = None) -> Batch:
+        inputs, labels = self.source.read(indices, keys)
         if self.source.time_steps is not None:  # [b, T, ...] -> [T, b, ...]
             inputs = np.ascontiguousarray(np.moveaxis(inputs, 1, 0))
         return {"inputs": inputs, "labels": labels, "mask": mask}
@@ -120,7 +137,7 @@ class Loader:
     def _epoch_batches(self, epoch: int, start_step: int) -> Iterator[Batch]:
         order = self.epoch_order(epoch)
         for step in range(start_step, self.steps_per_epoch):
-            yield self._make_batch(*self._local_indices(order, step))
+            yield self._make_batch(*self._local_indices(order, step), self.example_keys(epoch, step))
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         """This process's batches of ``epoch`` from ``start_step`` (skipped steps are not read)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from snnjax.data.event_folder import EventFolderSource, require_dir
+from snnjax.data.event_folder import EventFolderSource, event_settings, require_dir
 from snnjax.data.events import Events, check_events
 
 NMNIST_SIZE = (34, 34)
@@ -37,6 +37,11 @@ def read_nmnist_bin(path: str | os.PathLike) -> Events:
       ValueError: naming ``path``: a size that is not a whole number of 5-byte events, or events
         that cannot be a recording of the 34x34 sensor (see ``check_events``).
     """
+    return read_atis_bin(path, NMNIST_SIZE)
+
+
+def read_atis_bin(path: str | os.PathLike, sensor_size: tuple[int, int]) -> Events:
+    """Decodes an ATIS ``.bin`` file (N-MNIST, N-Caltech101) of a ``(H, W)`` sensor into uint32 :class:`Events`."""
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size % 5:
         raise ValueError(f"{path}: {raw.size} bytes is not a whole number of 5-byte events: the file is "
@@ -46,17 +51,20 @@ def read_nmnist_bin(path: str | os.PathLike) -> Events:
     y = raw[1::5]
     p = (raw[2::5] & 128) >> 7
     t = ((raw[2::5] & 127) << 16) | (raw[3::5] << 8) | raw[4::5]
-    return check_events(path, Events(t=t, x=x, y=y, p=p), *NMNIST_SIZE)
+    return check_events(path, Events(t=t, x=x, y=y, p=p), *sensor_size)
 
 
 def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
+                  split_by: str | None = None, duration: int | None = None, flip: bool | None = None,
+                  translate: int | None = None, num_workers: int = 1,
                   cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
     """N-MNIST frames ``[n, T, 34, 34, 2]`` (event counts), labels = digit.
 
     Args:
       split: ``"train"`` or ``"test"``.
       data_dir: folder holding ``Train/`` and ``Test/``.
-      time_steps: ``T``, frames per example (equal event counts per frame).
+      time_steps: ``T``, frames per example (equal event counts per frame by default).
+      split_by, duration, flip, translate, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
       cache_dir, cache: see :class:`EventFolderSource`.
     """
     if split not in NMNIST_SPLITS:
@@ -73,6 +81,7 @@ def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps:
         labels += [digit] * len(names)
     if not files:
         raise FileNotFoundError(f"nmnist: no .bin files under {split_dir}. {_HINT}")
+    spec, augment = event_settings(split, time_steps, split_by, duration, flip, translate)
     return EventFolderSource(root, files, labels, reader=read_nmnist_bin, sensor_size=NMNIST_SIZE,
-                             num_classes=10, time_steps=time_steps, cache_dir=cache_dir,
-                             cache=cache)
+                             num_classes=10, frames=spec, cache_dir=cache_dir, cache=cache, augment=augment,
+                             num_workers=num_workers, name="nmnist")

@@ -11,9 +11,19 @@ name               inputs per example         data / options
                                               ``cache_dir``, ``cache``
 ``cifar10dvs``     ``[T, h, w, 2]`` counts    ``data_dir/<class>/*.aedat``; ``size``,
                                               ``train_ratio``, ``cache_dir``, ``cache``
+``dvs128_gesture`` ``[T, h, w, 2]`` counts    ``data_dir/DvsGesture/user*.aedat`` + labels CSVs; ``size``
+``ncaltech101``    ``[T, h, w, 2]`` counts    ``data_dir/Caltech101/<class>/*.bin``; ``size``,
+                                              ``train_ratio``, ``background``
+``shd``, ``ssc``   ``[T, 700]`` counts        ``data_dir/{shd,ssc}_{split}.h5``
+``image_folder``   ``[s, s, 3]`` in [0, 1]    ``data_dir/{train,val}/<class>/*``; ``size``, ``flip``,
+                                              ``num_workers``
 ``synthetic_dvs``  ``[T, 48, 48, 2]`` counts  generated; ``num_examples``, ``size``,
                                               ``num_classes``, ``seed``, ``peak_rate``, ``noise_rate``
 =================  =========================  ==============================================
+
+The event-frame datasets (``nmnist`` to ``ncaltech101``) also take ``split_by``, ``duration``,
+``flip``, ``translate``, ``num_workers``, ``cache_dir`` and ``cache``; ``shd`` and ``ssc`` take
+``split_by``, ``duration``, ``cache_dir`` and ``cache`` (see :mod:`snnjax.data.frames`).
 
 Each entry says whether the source reads files (``reads_files``: it takes a ``data_dir``),
 whether its examples are event frames with their own time axis (``events``: it takes
@@ -28,7 +38,11 @@ from typing import Any
 
 from snnjax.data.cifar10dvs import cifar10dvs_source
 from snnjax.data.digits import digits_source
+from snnjax.data.dvs128_gesture import dvs128_gesture_source
+from snnjax.data.image_folder import image_folder_source
+from snnjax.data.ncaltech101 import ncaltech101_source
 from snnjax.data.nmnist import nmnist_source
+from snnjax.data.shd import shd_source, ssc_source
 from snnjax.data.source import Source
 from snnjax.data.synthetic import SyntheticDVSSource
 from snnjax.data.tfds_images import TfdsImageSource
@@ -59,15 +73,25 @@ def _tfds(name: str) -> Callable[..., Source]:
 
 
 _CACHE = {"cache_dir": str, "cache": bool}
+_FRAMES = {"split_by": str, "duration": int}
+_EVENTS = {**_FRAMES, "flip": bool, "translate": int, "num_workers": int, **_CACHE}
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(digits_source, reads_files=False, events=False,
                            options={"test_fraction": float, "seed": int}),
     "mnist": DatasetEntry(_tfds("mnist"), reads_files=True, events=False),
     "fashion_mnist": DatasetEntry(_tfds("fashion_mnist"), reads_files=True, events=False),
     "cifar10": DatasetEntry(_tfds("cifar10"), reads_files=True, events=False),
-    "nmnist": DatasetEntry(nmnist_source, reads_files=True, events=True, options=_CACHE),
+    "nmnist": DatasetEntry(nmnist_source, reads_files=True, events=True, options=_EVENTS),
     "cifar10dvs": DatasetEntry(cifar10dvs_source, reads_files=True, events=True,
-                               options={"size": int, "train_ratio": float, **_CACHE}),
+                               options={"size": int, "train_ratio": float, **_EVENTS}),
+    "dvs128_gesture": DatasetEntry(dvs128_gesture_source, reads_files=True, events=True,
+                                   options={"size": int, **_EVENTS}),
+    "ncaltech101": DatasetEntry(ncaltech101_source, reads_files=True, events=True,
+                                options={"size": int, "train_ratio": float, "background": bool, **_EVENTS}),
+    "shd": DatasetEntry(shd_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
+    "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
+    "image_folder": DatasetEntry(image_folder_source, reads_files=True, events=False,
+                                 options={"size": int, "flip": bool, "num_workers": int}),
     "synthetic_dvs": DatasetEntry(SyntheticDVSSource, reads_files=False, events=True,
                                   options={"num_examples": int, "size": int, "num_classes": int, "seed": int,
                                            "peak_rate": float, "noise_rate": float}),

@@ -40,12 +40,19 @@ class Source(abc.ABC):
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reads examples at validated int64 ``indices`` ``[n]``."""
 
-    def read(self, indices) -> tuple[np.ndarray, np.ndarray]:
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reads examples with per-example random keys; sources that augment override this."""
+        return self._read(indices)
+
+    def read(self, indices, keys=None) -> tuple[np.ndarray, np.ndarray]:
         """Returns ``(inputs [n, *example_shape] float32, labels [n] int32)``.
 
         Args:
           indices: integer array-like ``[n]`` of example indices in
             ``[0, len(self))``; duplicates are allowed, order is kept.
+          keys: optional int64 ``[n, k]``: example ``i``'s augmentation draws come from
+            ``np.random.default_rng(keys[i])`` (the loader passes ``(seed, epoch, position)``);
+            ``None`` reads without augmentation.
         """
         indices = np.asarray(indices)
         if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
@@ -56,7 +63,13 @@ class Source(abc.ABC):
             raise IndexError(f"indices out of range [0, {n}): min {indices.min()}, max {indices.max()}")
         if indices.size == 0:
             return (np.zeros((0, *self.example_shape), np.float32), np.zeros((0,), np.int32))
-        inputs, labels = self._read(indices)
+        if keys is None:
+            inputs, labels = self._read(indices)
+        else:
+            keys = np.asarray(keys, np.int64)
+            if keys.ndim != 2 or keys.shape[0] != indices.shape[0] or (keys.size and keys.min() < 0):
+                raise ValueError(f"keys must be non-negative int64 [{indices.shape[0]}, k], got {keys.shape}")
+            inputs, labels = self._read_keyed(indices, keys)
         return inputs.astype(np.float32, copy=False), labels.astype(np.int32, copy=False)
 
 

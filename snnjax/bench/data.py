@@ -1,0 +1,144 @@
+"""Loader throughput from files on disk in each dataset's release format.
+
+    python -m snnjax.bench.data --dataset {dvs128_gesture,ncaltech101,shd,ssc,image_folder}
+        [--examples N] [--batch-size B] [--time-steps T] [--workers 1 2] [--dir DIR] [--out FILE.jsonl]
+
+Writes ``--examples`` generated examples (:mod:`snnjax.bench.data_formats`) into ``--dir`` (a fresh
+temporary folder by default), then for each worker count reads one epoch of training batches through
+:class:`snnjax.data.Loader` (with the augmentation keys, prefetch 2) and reports samples/s. Event-frame
+datasets are read twice: ``cold`` decodes, integrates and writes the frame cache, ``warm`` reads the
+cache (each worker count starts from an empty cache). Generated sizes per example: DVS128 Gesture
+200,000 events (AEDAT 3.1, 1.6 MB), N-Caltech101 100,000 events (ATIS, 500 kB), SHD/SSC 6,000 spikes,
+image folder 500x375 JPEG (quality 90). ``--out`` appends one JSON line per measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from snnjax.bench import data_formats as fmt
+from snnjax.data import Loader
+from snnjax.data.registry import get_source
+
+EVENTS_PER_GESTURE = 200_000
+EVENTS_PER_NCALTECH = 100_000
+SPIKES_PER_SAMPLE = 6_000
+IMAGE_SIZE = (375, 500)  # rows, columns
+
+
+def generate(dataset: str, root: Path, examples: int, seed: int = 0) -> None:
+    """Writes ``examples`` training examples of ``dataset`` (and a few test ones) under ``root``."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    if dataset == "dvs128_gesture":
+        folder = root / "DvsGesture"
+        folder.mkdir(parents=True)
+        names = []
+        for r in range(-(-examples // 11)):
+            windows, start = [], 1_000_000
+            for c in range(1, min(11, examples - 11 * r) + 1):
+                windows.append((c, start, start + 6_000_000))
+                start += 6_500_000
+            name = f"user{r + 1:02d}_fluorescent"
+            fmt.write_gesture_recording(folder, name, windows, EVENTS_PER_GESTURE, rng)
+            names.append(name)
+        (folder / "trials_to_train.txt").write_text("".join(f"{n}.aedat\n" for n in names))
+        (folder / "trials_to_test.txt").write_text(f"{names[0]}.aedat\n")
+    elif dataset == "ncaltech101":
+        for k in range(examples):
+            folder = root / "Caltech101" / f"class{k % 4}"
+            folder.mkdir(parents=True, exist_ok=True)
+            t = np.sort(rng.integers(0, 300_000, EVENTS_PER_NCALTECH))
+            n = t.shape[0]
+            (folder / f"image_{k:04d}.bin").write_bytes(
+                fmt.atis_bytes(t, rng.integers(0, 240, n), rng.integers(0, 180, n), rng.integers(0, 2, n)))
+    elif dataset in ("shd", "ssc"):
+        classes = 20 if dataset == "shd" else 35
+        for split in ("train", "test", "valid") if dataset == "ssc" else ("train", "test"):
+            count = examples if split == "train" else 4
+            spikes = [fmt.random_spikes(rng, SPIKES_PER_SAMPLE) for _ in range(count)]
+            fmt.write_heidelberg_h5(root / f"{dataset}_{split}.h5", [s[0] for s in spikes], [s[1] for s in spikes],
+                                    rng.integers(0, classes, count))
+    elif dataset == "image_folder":
+        from PIL import Image  # noqa: PLC0415
+
+        for split, count in (("train", examples), ("val", 4)):
+            for k in range(count):
+                folder = root / split / f"n{k % 4:08d}"
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(fmt.smooth_image(rng, *IMAGE_SIZE)).save(folder / f"img_{k:05d}.JPEG", quality=90)
+    else:
+        raise ValueError(f"no generator for dataset {dataset!r}")
+
+
+def epoch_rate(source, batch_size: int) -> float:
+    """Samples/s of one epoch of training batches (keys passed, prefetch 2)."""
+    loader = Loader(source, batch_size, seed=0, process_index=0, process_count=1, prefetch=2)
+    start = time.perf_counter()
+    count = 0
+    for batch in loader.epoch_batches(0):
+        count += batch["labels"].shape[0]
+    return count / (time.perf_counter() - start)
+
+
+def measure(dataset: str, root: Path, batch_size: int, time_steps: int, workers: int) -> list[dict]:
+    options = {}
+    if dataset in ("dvs128_gesture", "ncaltech101"):
+        options = {"size": 48 if dataset == "ncaltech101" else 128, "flip": True, "translate": 4,
+                   "num_workers": workers}
+    elif dataset == "image_folder":
+        options = {"size": 224, "num_workers": workers}
+    kwargs = {"time_steps": time_steps} if dataset != "image_folder" else {}
+    records = []
+    for cache_dir in root.glob("frames_*"):
+        shutil.rmtree(cache_dir)
+    for phase in ("cold", "warm") if dataset in ("dvs128_gesture", "ncaltech101") else ("read",):
+        source = get_source(dataset, "train", data_dir=root, cache_dir=str(root), **kwargs, **options) \
+            if dataset in ("dvs128_gesture", "ncaltech101") else get_source(dataset, "train", data_dir=root,
+                                                                             **kwargs, **options)
+        rate = epoch_rate(source, batch_size)
+        records.append({"bench": "data", "dataset": dataset, "phase": phase, "workers": workers,
+                        "examples": len(source), "batch_size": batch_size, "example_shape": list(source.example_shape),
+                        "samples_per_s": round(rate, 2), "load_avg": round(os.getloadavg()[0], 2),
+                        "cpus": os.cpu_count()})
+        print(json.dumps(records[-1]), flush=True)
+    return records
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True,
+                        choices=("dvs128_gesture", "ncaltech101", "shd", "ssc", "image_folder"))
+    parser.add_argument("--examples", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--time-steps", type=int, default=16)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--dir", default=None, help="where to write the files (default: a temporary folder)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix=f"snnjax-{args.dataset}-"))
+    try:
+        start = time.perf_counter()
+        generate(args.dataset, root, args.examples)
+        print(f"generated {args.examples} examples in {time.perf_counter() - start:.1f} s under {root}", flush=True)
+        workers = [1] if args.dataset in ("shd", "ssc") else args.workers  # one HDF5 reader: no worker option
+        records = [r for w in workers for r in measure(args.dataset, root, args.batch_size, args.time_steps, w)]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if args.out:
+            with open(args.out, "a") as f:
+                for record in records:
+                    f.write(json.dumps({**record, "timestamp": stamp}) + "\n")
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

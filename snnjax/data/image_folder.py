@@ -1,0 +1,187 @@
+"""ImageNet-style image folders: ``train/<class>/*.JPEG`` and ``val/<class>/*``.
+
+Layout::
+
+    data_dir/train/<class>/*.JPEG     any class folder names; classes are numbered in sorted order
+    data_dir/val/<class>/*            the same class names (split "test" or "val")
+
+Any ``.jpeg``, ``.jpg``, ``.png``, ``.bmp`` or ``.webp`` file (case-insensitive) is an image;
+files are taken in sorted order per class. Images are decoded with Pillow on ``num_workers``
+threads (decoding and resizing release the GIL) into ``[size, size, 3]`` float32 in ``[0, 1]``:
+
+* ``"train"`` (with the loader's keys): torchvision's ``RandomResizedCrop(size)`` (scale
+  ``(0.08, 1)``, ratio ``(3/4, 4/3)``, ten tries then a centre crop) with bilinear resampling,
+  then a horizontal flip with probability 1/2 (``flip=False`` turns it off); the draws come from
+  ``np.random.default_rng((seed, epoch, position))``, so the order and the augmentation are
+  functions of the step and a resumed run reads the same batches;
+* evaluation (no keys, or the val split): the shorter side resized to ``round(size / 0.875)``
+  (256 for 224) and the centre ``size x size`` crop, done as one bilinear resampling of that
+  crop's window in the original image (torchvision resizes, then crops).
+
+The loader's bounded prefetch queue (``data.prefetch`` batches) runs ahead of the step, and each
+process reads only its slice of every batch.
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from snnjax.data.source import Source
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
+EVAL_CROP_FRACTION = 0.875
+_SPLIT_DIRS = {"train": "train", "test": "val", "val": "val"}
+_HINT = ("Arrange the images as data_dir/train/<class>/*.JPEG and data_dir/val/<class>/*.JPEG (for ImageNet: "
+         "extract ILSVRC2012_img_train.tar per class and sort the validation images into class folders).")
+
+
+def random_resized_crop_box(height: int, width: int, rng: np.random.Generator, scale=(0.08, 1.0),
+                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of a random crop as torchvision's ``RandomResizedCrop.get_params``."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def center_crop_box(height: int, width: int, size: int) -> tuple[float, float, float, float]:
+    """``(left, top, right, bottom)`` in the original image of the eval crop: shorter side to
+    ``round(size / 0.875)``, then the centre ``size x size``."""
+    resized = round(size / EVAL_CROP_FRACTION)
+    scale = resized / min(height, width)
+    side = size / scale  # the crop's side in original pixels
+    top, left = (height - side) / 2, (width - side) / 2
+    return left, top, left + side, top + side
+
+
+def load_image(path: Path, size: int, rng: np.random.Generator | None, flip: bool) -> np.ndarray:
+    """One image as ``[size, size, 3]`` float32 in [0, 1]; ``rng`` None: the eval crop, else the train augmentation.
+
+    Raises:
+      ValueError: naming ``path`` if Pillow cannot decode it.
+    """
+    try:
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        raise ValueError(f"{path}: cannot decode the image ({err}); replace or remove the file") from err
+    width, height = image.size
+    if rng is None:
+        out = image.resize((size, size), Image.Resampling.BILINEAR, box=center_crop_box(height, width, size))
+    else:
+        top, left, h, w = random_resized_crop_box(height, width, rng)
+        out = image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+        if flip and rng.random() < 0.5:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(out, np.float32) / 255.0
+
+
+class ImageFolderSource(Source):
+    """Images of a class-folder tree as ``[n, size, size, 3]`` float32 in [0, 1].
+
+    Args:
+      files, labels: the images and their class indices, in dataset order.
+      num_classes: number of classes.
+      size: output side in pixels.
+      augment: apply the train augmentation when the loader passes keys.
+      flip: include the random horizontal flip in the augmentation.
+      num_workers: decoding threads.
+    """
+
+    def __init__(self, files: list[Path], labels: list[int], num_classes: int, *, size: int = 224,
+                 augment: bool = False, flip: bool = True, num_workers: int = 4):
+        if size < 1 or num_workers < 1:
+            raise ValueError(f"size and num_workers must be >= 1, got {size} and {num_workers}")
+        self.files = files
+        self.labels = np.asarray(labels, np.int32)
+        self.num_classes = int(num_classes)
+        self.size = int(size)
+        self.example_shape = (self.size, self.size, 3)
+        self.augment = augment
+        self.flip = flip
+        self.num_workers = int(num_workers)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _load_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        def one(j: int) -> np.ndarray:
+            rng = np.random.default_rng(keys[j]) if keys is not None and self.augment else None
+            return load_image(self.files[int(indices[j])], self.size, rng, self.flip)
+
+        if self.num_workers > 1 and len(indices) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="snnjax-images")
+            images = list(self._pool.map(one, range(len(indices))))
+        else:
+            images = [one(j) for j in range(len(indices))]
+        return np.stack(images), self.labels[indices]
+
+    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._load_all(indices, None)
+
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._load_all(indices, keys)
+
+
+def list_images(folder: Path) -> list[Path]:
+    """The image files directly in ``folder``, sorted by name."""
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+
+
+def image_folder_source(split: str, *, data_dir: str | os.PathLike | None, size: int | None = None,
+                        flip: bool | None = None, num_workers: int | None = None) -> ImageFolderSource:
+    """An image-folder split: ``"train"`` (augmented) or ``"test"`` / ``"val"`` (centre crop).
+
+    Args:
+      data_dir: the folder holding ``train/`` and ``val/``.
+      size: output side (default 224).
+      flip: random horizontal flip in training (default True).
+      num_workers: decoding threads (default ``min(4, cpus)``).
+    """
+    if split not in _SPLIT_DIRS:
+        raise ValueError(f"image_folder split must be one of {tuple(_SPLIT_DIRS)}, got {split!r}")
+    if data_dir is None:
+        raise ValueError(f"image_folder needs data_dir. {_HINT}")
+    root = Path(data_dir)
+    train_dir, split_dir = root / "train", root / _SPLIT_DIRS[split]
+    for folder in (train_dir, split_dir):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"image_folder: directory {folder} not found. {_HINT}")
+    classes = sorted(d.name for d in train_dir.iterdir() if d.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"image_folder: no class folders in {train_dir}. {_HINT}")
+    unknown = sorted({d.name for d in split_dir.iterdir() if d.is_dir()} - set(classes))
+    if unknown:
+        raise ValueError(f"image_folder: {split_dir} has class folders {unknown[:5]} that {train_dir} lacks; both "
+                         "splits must use the training classes' names")
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        folder = split_dir / name
+        found = list_images(folder) if folder.is_dir() else []
+        files += found
+        labels += [label] * len(found)
+    if not files:
+        raise FileNotFoundError(f"image_folder: no images under {split_dir}. {_HINT}")
+    workers = num_workers if num_workers is not None else min(4, os.cpu_count() or 1)
+    return ImageFolderSource(files, labels, len(classes), size=224 if size is None else size,
+                             augment=split == "train", flip=True if flip is None else flip, num_workers=workers)
