@@ -88,6 +88,20 @@ def make_source(c: ml_collections.ConfigDict, split: str, data_dir: str | None =
     return get_source(c.data.name, split, **kwargs)
 
 
+def build_model(c: ml_collections.ConfigDict) -> tuple[nnx.Module, StepConfig]:
+    """The config's model as the trainer initialises it (sizes from the data), in eval mode, and the step
+    settings that turn a batch's inputs into its ``[T, N, ...]`` (encoder, compute dtype)."""
+    dtype = DTYPES[c.dtype]
+    source = make_source(c, "test")
+    model = create_model(c.model.name, model_kwargs(c, source), rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
+                         dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64" else jnp.float32)
+    model.eval()
+    time_major = getattr(source, "time_steps", None) is not None
+    step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
+                          loss=c.loss, tet_lambda=c.tet_lambda, compute_dtype=dtype)
+    return model, step_cfg
+
+
 def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRun:
     """Rebuild the model of the run in ``workdir`` and restore checkpoint ``step`` (default: the latest).
 
@@ -106,10 +120,7 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRu
         raise CheckpointError(f"{workdir / 'checkpoints'} holds no complete checkpoint: train the run first")
     if step is not None and step not in steps:
         raise CheckpointError(f"no checkpoint of step {step} in {workdir / 'checkpoints'}; its steps are {steps}")
-    dtype = DTYPES[c.dtype]
-    source = make_source(c, "test")
-    model = create_model(c.model.name, model_kwargs(c, source), rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
-                         dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64" else jnp.float32)
+    model, step_cfg = build_model(c)
     graphdef, params, rngs, rest = split_model(model)
     template = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                           opt_state=make_optimizer(c, 1)[0].init(params))
@@ -120,7 +131,4 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRu
         reader.close()
     model = nnx.merge(graphdef, state.params, rngs, state.model_state)
     model.eval()
-    time_major = getattr(source, "time_steps", None) is not None
-    step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
-                          loss=c.loss, tet_lambda=c.tet_lambda, compute_dtype=dtype)
     return RestoredRun(c, model, int(jax.device_get(state.step)), step_cfg, workdir)
