@@ -10,14 +10,16 @@ the input firing rate, and the energy estimate ``AC * e_ac + MAC * e_mac`` (defa
 """
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
+import importlib.util
 import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
 import jax
-from absl import flags
-from ml_collections import config_flags
 
 from snnjax.data import Loader
 from snnjax.deploy.opcount import E_AC_PJ, E_MAC_PJ, LayerOps, OpReport, count_ops
@@ -55,47 +57,68 @@ def _mean(reports: Sequence[OpReport]) -> OpReport:
     return OpReport(layers, n)
 
 
+def load_config(path: str, overrides: Sequence[str]):
+    """``get_config()`` of the config file ``path`` with ``--config.KEY=VALUE`` overrides applied (values read as
+    Python literals, else as strings)."""
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
+    if spec is None or not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"--config {path}: no such config file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    for item in overrides:
+        key, sep, text = item.removeprefix("--config.").partition("=")
+        if not sep:
+            raise ValueError(f"{item}: write --config.KEY=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        try:
+            c.update_from_flattened_dict({key: value})
+        except (KeyError, AttributeError, TypeError) as e:
+            raise ValueError(f"{item}: {e}") from None
+    return c
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "a config file (configs/*.py); the model is freshly initialised",
-                                    flag_values=fv, lock_config=True)
-    flags.DEFINE_string("workdir", None, "a training run's directory (config.json, checkpoints/)", flag_values=fv)
-    flags.DEFINE_integer("checkpoint", None, "with --workdir: the checkpoint step (default: the latest)",
-                         flag_values=fv)
-    flags.DEFINE_integer("batch_size", 0, "examples per batch (0: the config's global_batch_size)", flag_values=fv)
-    flags.DEFINE_integer("batches", 1, "test batches to measure", flag_values=fv)
-    flags.DEFINE_float("e_ac", E_AC_PJ, "energy of one accumulate in pJ", flag_values=fv)
-    flags.DEFINE_float("e_mac", E_MAC_PJ, "energy of one multiply-accumulate in pJ", flag_values=fv)
-    flags.DEFINE_string("out", None, "also write the report to this JSON file", flag_values=fv)
-    try:
-        fv(["snnjax.energy", *(sys.argv[1:] if argv is None else argv)])
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if (fv.config is None) == (fv.workdir is None):
-        print("error: give either --config FILE or --workdir RUN", file=sys.stderr)
+    p = argparse.ArgumentParser(prog="python -m snnjax.energy", description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="a config file (configs/*.py), its model freshly initialised; "
+                   "--config.KEY=VALUE overrides")
+    p.add_argument("--workdir", help="a training run's directory (config.json, checkpoints/)")
+    p.add_argument("--checkpoint", type=int, default=None, help="with --workdir: the step (default: the latest)")
+    p.add_argument("--batch_size", type=int, default=0, help="examples per batch (0: the config's global_batch_size)")
+    p.add_argument("--batches", type=int, default=1, help="test batches to measure")
+    p.add_argument("--e_ac", type=float, default=E_AC_PJ, help="energy of one accumulate, pJ")
+    p.add_argument("--e_mac", type=float, default=E_MAC_PJ, help="energy of one multiply-accumulate, pJ")
+    p.add_argument("--out", help="also write the report to this JSON file")
+    args, rest = p.parse_known_args(argv)
+    unknown = [a for a in rest if not a.startswith("--config.")]
+    if unknown or (args.config is None) == (args.workdir is None) or (rest and args.config is None):
+        print("error: give either --config FILE [--config.KEY=VALUE ...] or --workdir RUN"
+              + (f"; unknown arguments {unknown}" if unknown else ""), file=sys.stderr)
         return 2
     try:
-        c = fv.config if fv.workdir is None else read_config(fv.workdir)
+        c = load_config(args.config, rest) if args.workdir is None else read_config(args.workdir)
         config_lib.validate(c)
         if c.dtype == "float64":
             jax.config.update("jax_enable_x64", True)
-        if fv.workdir is not None:
-            run = load_run(fv.workdir, fv.checkpoint)
-            model, step_cfg, what = run.model, run.step_config, f"{fv.workdir} checkpoint {run.step}"
+        if args.workdir is not None:
+            run = load_run(args.workdir, args.checkpoint)
+            model, step_cfg, what = run.model, run.step_config, f"{args.workdir} checkpoint {run.step}"
         else:
             (model, step_cfg), what = build_model(c), f"{c.model.name} at initialisation"
-        report = energy_report(model, step_cfg, make_source(c, "test"), batch_size=fv.batch_size or
-                               c.global_batch_size, batches=fv.batches)
+        report = energy_report(model, step_cfg, make_source(c, "test"), batch_size=args.batch_size or
+                               c.global_batch_size, batches=args.batches)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"{what}, {c.data.name} test split:\n{report.table(fv.e_ac, fv.e_mac)}")
-    if fv.out:
-        with open(fv.out, "w") as f:
+    print(f"{what}, {c.data.name} test split:\n{report.table(args.e_ac, args.e_mac)}")
+    if args.out:
+        with open(args.out, "w") as f:
             json.dump({"layers": [dataclasses.asdict(r) for r in report.layers], "examples": report.examples,
-                       "ac": report.ac, "mac": report.mac, "e_ac_pj": fv.e_ac, "e_mac_pj": fv.e_mac,
-                       "energy_pj": report.energy_pj(fv.e_ac, fv.e_mac)}, f, indent=2)
+                       "ac": report.ac, "mac": report.mac, "e_ac_pj": args.e_ac, "e_mac_pj": args.e_mac,
+                       "energy_pj": report.energy_pj(args.e_ac, args.e_mac)}, f, indent=2)
     return 0
 
 
