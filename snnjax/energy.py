@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 
 from snnjax.data import Loader
 from snnjax.deploy.opcount import E_AC_PJ, E_MAC_PJ, LayerOps, OpReport, count_ops
@@ -41,7 +42,7 @@ def energy_report(model, step_config, source, *, batch_size: int, batches: int =
         if i == batches:
             break
         key = jax.random.fold_in(jax.random.key(step_config.seed + 1), i)
-        reports.append(count_ops(model, model_inputs(step_config, jax.numpy.asarray(batch["inputs"]), key)))
+        reports.append(count_ops(model, model_inputs(step_config, jnp.asarray(batch["inputs"]), key)))
     return _mean(reports)
 
 

@@ -94,10 +94,12 @@ def _conv_geometry(conv) -> tuple[tuple[int, int], tuple[tuple[int, int], ...], 
     return tuple(conv.kernel_size), tuple(tuple(p) for p in conv.padding), tuple(stride)
 
 
-def _fanout_sum(op: Op, counts: jax.Array) -> jax.Array:
-    """``sum over input cells of counts x fan-out`` per example, ``counts [T, N, ...]`` spikes per input cell."""
+def _windows(op: Op, counts: jax.Array) -> jax.Array:
+    """Per example, ``sum over input cells of counts x the cell's fan-out over positions`` (int32; a linear layer
+    has one position), ``counts [T, N, ...]`` the spikes per input cell; times the output channels (on the host,
+    in int64) this is the layer's AC."""
     if op.kind == "linear":
-        return jnp.sum(counts.astype(jnp.int32), axis=(0, *range(2, counts.ndim))) * op.module.out_features
+        return jnp.sum(counts.astype(jnp.int32), axis=(0, *range(2, counts.ndim)))
     kernel, padding, stride = _conv_geometry(op.module)
     t, n = counts.shape[:2]
     c = counts.reshape(t * n, *counts.shape[2:]).astype(jnp.float32)
@@ -105,8 +107,7 @@ def _fanout_sum(op: Op, counts: jax.Array) -> jax.Array:
     # Each output position sums the counts in its window: summed over positions, every cell counts once per
     # window that holds it, i.e. its fan-out over positions.
     occupancy = jax.lax.conv_general_dilated(c, ones, stride, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    per_example = jnp.sum(jnp.round(occupancy).astype(jnp.int32).reshape(t, n, -1), axis=(0, 2))
-    return per_example * op.module.out_features
+    return jnp.sum(jnp.round(occupancy).astype(jnp.int32).reshape(t, n, -1), axis=(0, 2))
 
 
 def _dense(op: Op, x_shape: Sequence[int], y_shape: Sequence[int]) -> int:
@@ -145,7 +146,7 @@ def _measure(model: nnx.Module, x: jax.Array) -> tuple[dict, dict]:
             counts = source["counts"] if spike_input else jnp.where(binary, inputs, 0)
             spikes = jnp.sum(counts, axis=(0, *range(2, counts.ndim)))
             size = source["size"] if spike_input else inputs[0, 0].size
-            found[op.name] = {"fanout": _fanout_sum(op, counts), "spikes": spikes, "binary": binary,
+            found[op.name] = {"fanout": _windows(op, counts), "spikes": spikes, "binary": binary,
                               "source": source["kind"], "size": size, "x": inputs.shape, "y": outputs.shape}
             source.update(kind="real", counts=None)
         else:  # batchnorm
@@ -169,7 +170,7 @@ def count_ops(model: nnx.Module, x: jax.Array) -> OpReport:
         kind, size, x_shape, y_shape = static[name]
         dense = _dense(ops[name], x_shape, y_shape)
         spike_input = kind != "real" or bool(v["binary"])
-        fanout = float(np.sum(np.asarray(v["fanout"], np.int64))) / n
+        fanout = float(np.sum(np.asarray(v["fanout"], np.int64)) * ops[name].module.out_features) / n
         spikes = float(np.sum(np.asarray(v["spikes"], np.float64))) / n
         label = kind if kind != "real" else ("spikes" if spike_input else "real")
         layers.append(LayerOps(name, ops[name].kind, label, fanout if spike_input else 0.0,

@@ -3,22 +3,17 @@
 ``snnjax.deploy.graph.layer_ops(model)`` describes a supported model as the ops its eval-mode
 forward applies, in order:
 
-==============  ==========================================  ==========================================
-kind            module / attributes                         on one time step ``[N, ...]``
-==============  ==========================================  ==========================================
-``flatten``     -                                           ``[N, H, W, C] -> [N, H*W*C]`` (HWC order)
-``linear``      ``nnx.Linear`` (kernel ``[in, out]``)       ``[N, in] -> [N, out]``
-``conv``        ``layers.Conv2d`` (kernel ``[kh, kw, I, O]``)  ``[N, H, W, I] -> [N, H', W', O]``
-``batchnorm``   ``layers.BatchNorm`` (running statistics)   per channel, last axis
-``avgpool``     ``size`` (kernel = stride)                  ``[N, H, W, C] -> [N, H/k, W/k, C]``
-``maxpool``     ``size`` (kernel = stride)                  as ``avgpool``
-``dropout``     -                                           identity (inference)
-``neuron``      ``IFNode`` / ``LIFNode`` / ``ParametricLIFNode``  spikes; the state ``V`` is carried
-==============  ==========================================  ==========================================
+- ``flatten``: ``[N, H, W, C] -> [N, H*W*C]`` (HWC order);
+- ``linear`` (``nnx.Linear``, kernel ``[in, out]``): ``[N, in] -> [N, out]``;
+- ``conv`` (``layers.Conv2d``, kernel ``[kh, kw, I, O]``): ``[N, H, W, I] -> [N, H', W', O]``;
+- ``batchnorm`` (``layers.BatchNorm``, eval mode: running statistics): per channel, last axis;
+- ``avgpool`` / ``maxpool`` (window = stride = ``size``): ``[N, H, W, C] -> [N, H/k, W/k, C]``;
+- ``dropout``: the identity at inference;
+- ``neuron`` (``IFNode``, ``LIFNode``, ``ParametricLIFNode``): spikes, the state ``V`` carried over time.
 
-``run_ops`` applies them over a whole sequence ``[T, N, ...]`` (stateless ops once on every
-step, neurons through their multi-step forward), equal to the model's own eval-mode call;
-``step_ops`` applies them to one time step with explicit neuron states.
+(shapes of one time step ``[N, ...]``). ``run_ops`` applies them over a whole sequence ``[T, N, ...]``
+(stateless ops once on every step, neurons through their multi-step forward), equal to the model's
+own eval-mode call; ``step_ops`` applies them to one time step with explicit neuron states.
 """
 from __future__ import annotations
 
@@ -111,4 +106,5 @@ def step_ops(ops: Sequence[Op], x: jax.Array, states: Sequence[jax.Array], *,
 
 
 def neuron_ops(ops: Sequence[Op]) -> list[Op]:
+    """The ``neuron`` ops of ``ops``, in order."""
     return [op for op in ops if op.kind == "neuron"]
