@@ -13,8 +13,7 @@ training's evaluation scores them); ``logits`` are the per-time-step outputs ``[
 time steps. Batches are those of the training's evaluation (``global_batch_size``, dataset
 order, the last one padded), so Poisson-encoded inputs get the same random spikes and the
 accuracy printed equals ``summary.json``'s ``eval_accuracy`` for the same checkpoint.
-Python: ``predict(workdir, "test")`` returns the same as arrays. One process (``jax.devices()``
-of this process).
+Python: ``predict(workdir, "test")`` returns the same as arrays. One process (its devices).
 """
 from __future__ import annotations
 
@@ -90,6 +89,9 @@ def predict(workdir: str | pathlib.Path, data: str = "test", *, checkpoint: int 
 def predict_run(run: RestoredRun, data: str = "test", *, devices: Sequence[jax.Device] | None = None,
                 dump_spikes: bool = False) -> Predictions:
     """:func:`predict` for a run already loaded with ``load_run``."""
+    if jax.process_count() > 1:
+        raise ValueError("predict runs in one process (its devices split each batch); run it without "
+                         "jax.distributed")
     source = _source(run, data)
     devices = list(devices if devices is not None else jax.devices())
     batch = run.config.global_batch_size

@@ -82,5 +82,7 @@ def load_exported(path: str | pathlib.Path) -> ExportedModel:
         raise ValueError(f"{path} is not a model written by python -m snnjax.export ({e})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} has format {meta.get('format')!r}; this loader reads {FORMAT!r}")
+    if meta["dtype"] == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(f"{path} was exported in float64: call jax.config.update('jax_enable_x64', True) first")
     return ExportedModel(meta, params, jax.export.deserialize(bytearray(multi)),
                          None if single is None else jax.export.deserialize(bytearray(single)))
