@@ -89,7 +89,8 @@ def test_only_the_dispatcher_imports_the_kernel_packages():
     ("snnjax.models", {"snnjax.train", "snnjax.data", "snnjax.interop", "snnjax.bench"}),
     ("snnjax.layers", {"snnjax.train", "snnjax.models", "snnjax.data"}),
     ("snnjax.data", {"snnjax.train", "snnjax.parallel", "snnjax.models", "snnjax.neurons"}),
-    ("snnjax.train", {"snnjax.bench", "snnjax.interop"}),
+    ("snnjax.train", {"snnjax.bench", "snnjax.interop", "snnjax.deploy"}),
+    ("snnjax.deploy", {"snnjax.bench", "snnjax.interop", "snnjax.predict", "snnjax.export", "snnjax.energy"}),
 ])
 def test_dependencies_point_one_way(package, forbidden):
     bad = {m for m in imported_by(package) if any(m == f or m.startswith(f + ".") for f in forbidden)}

@@ -1,0 +1,134 @@
+"""``load_run(workdir)``: a trained model rebuilt from a run's ``config.json`` and restored from its checkpoint.
+
+A run's workdir (``train.py --workdir RUN``) holds ``config.json`` (the whole config) and
+``checkpoints/<step>/`` (orbax; the parameter tree and BatchNorm statistics, whatever layout
+trained it). The model is rebuilt from the config exactly as the trainer built it (sizes from
+the dataset) and returned in eval mode with the checkpoint's parameters, on the default device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from snnjax.data import get_source
+from snnjax.models import create_model
+from snnjax.train import config as config_lib
+from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
+from snnjax.train.loop import model_kwargs
+from snnjax.train.optim import make_optimizer
+from snnjax.train.step import StepConfig, TrainState, split_model
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+
+
+@dataclasses.dataclass
+class RestoredRun:
+    """A run's model with its checkpoint's parameters.
+
+    Attributes:
+      config: the run's config (``config.json``).
+      model: the model in eval mode (BatchNorm uses its running statistics, dropout is off).
+      step: the checkpoint's step.
+      step_config: how the trainer turns a batch's inputs into the model's ``[T, N, ...]`` (encoder, dtype).
+      workdir: the run's directory.
+    """
+
+    config: ml_collections.ConfigDict
+    model: nnx.Module
+    step: int
+    step_config: StepConfig
+    workdir: pathlib.Path
+
+    @property
+    def time_major(self) -> bool:
+        """Whether the data gives event frames ``[T, N, ...]`` (else static images an encoder repeats over T)."""
+        return self.step_config.encoder is None
+
+    def source(self, split: str = "test", data_dir: str | None = None):
+        """The run's dataset (``split``), from ``data_dir`` instead of the config's when given."""
+        return make_source(self.config, split, data_dir)
+
+
+def read_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+    """The validated config of the run in ``workdir`` (its ``config.json``)."""
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --workdir must be a training run's directory "
+                                "(train.py --workdir RUN writes config.json there)")
+    c = config_lib.base_config()
+    saved = json.loads(path.read_text())
+    c.model = ml_collections.ConfigDict(saved.pop("model"))
+    c.update_from_flattened_dict(_flatten(saved))
+    config_lib.validate(c)
+    return c
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def make_source(c: ml_collections.ConfigDict, split: str, data_dir: str | None = None):
+    """The config's dataset for ``split``, optionally read from ``data_dir``."""
+    kwargs, _ = config_lib.source_kwargs(c)
+    if data_dir is not None:
+        kwargs["data_dir"] = str(data_dir)
+    return get_source(c.data.name, split, **kwargs)
+
+
+def build_model(c: ml_collections.ConfigDict) -> tuple[nnx.Module, StepConfig]:
+    """The config's model as the trainer initialises it (sizes from the data), in eval mode, and the step
+    settings that turn a batch's inputs into its ``[T, N, ...]`` (encoder, compute dtype)."""
+    dtype = DTYPES[c.dtype]
+    source = make_source(c, "test")
+    model = create_model(c.model.name, model_kwargs(c, source), rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
+                         dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64" else jnp.float32)
+    model.eval()
+    time_major = getattr(source, "time_steps", None) is not None
+    step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
+                          loss=c.loss, tet_lambda=c.tet_lambda, compute_dtype=dtype)
+    return model, step_cfg
+
+
+def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRun:
+    """Rebuild the model of the run in ``workdir`` and restore checkpoint ``step`` (default: the latest).
+
+    Raises:
+      FileNotFoundError: no ``config.json`` in ``workdir``.
+      CheckpointError: no checkpoint there, or ``step`` is not one of them.
+      ValueError: a float64 run while ``jax_enable_x64`` is off.
+    """
+    workdir = pathlib.Path(workdir)
+    c = read_config(workdir)
+    if c.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(f"the run in {workdir} trained in float64: call "
+                         "jax.config.update('jax_enable_x64', True) before loading it")
+    steps = complete_steps(workdir / "checkpoints")
+    if not steps:
+        raise CheckpointError(f"{workdir / 'checkpoints'} holds no complete checkpoint: train the run first")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"no checkpoint of step {step} in {workdir / 'checkpoints'}; its steps are {steps}")
+    model, step_cfg = build_model(c)
+    graphdef, params, rngs, rest = split_model(model)
+    template = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
+                          opt_state=make_optimizer(c, 1)[0].init(params))
+    reader = Checkpointer(workdir / "checkpoints", read_only=True)
+    try:
+        state, _ = reader.restore(template, step)
+    finally:
+        reader.close()
+    model = nnx.merge(graphdef, state.params, rngs, state.model_state)
+    model.eval()
+    return RestoredRun(c, model, int(jax.device_get(state.step)), step_cfg, workdir)

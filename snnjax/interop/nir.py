@@ -1,0 +1,292 @@
+"""NIR (Neuromorphic Intermediate Representation, the ``nir`` package) export and import.
+
+    graph = to_nir(model, (48, 48, 2))      # SpikingMLP, CIFAR10DVSVGG or SpikingSequential, eval mode
+    nir.write("model.nir", graph)
+    model2 = from_nir(nir.read("model.nir"))  # a SpikingSequential with the same outputs
+
+What maps to what (NIR uses PyTorch's channels-first layout: tensors ``(C, H, W)``, conv weights
+``[O, I, kh, kw]``, linear weights ``[out, in]``; snnjax's channels-last tensors and kernels are
+transposed, and a linear layer after a flatten has its inputs reordered from HWC to CHW):
+
+- ``conv`` -> ``nir.Conv2d``, ``linear`` -> ``nir.Affine`` (``nir.Linear`` without bias);
+- ``batchnorm`` (eval mode) -> folded into the conv / linear before it (``fold_batchnorm``);
+- ``avgpool`` -> ``nir.AvgPool2d``; ``flatten`` -> ``nir.Flatten``; ``dropout`` (identity) -> nothing;
+- ``IF`` -> ``nir.IF`` with ``r = 1 / dt``; ``LIF`` (and ``PLIF``, its learned tau taken as it is) ->
+  ``nir.LIF`` with ``tau = tau_steps * dt``, ``r = 1`` (``decay_input``) or ``tau_steps``, ``v_leak = v_reset``.
+  That is SpikingJelly's discretisation (``spikingjelly.activation_based.nir_exchange``; default
+  ``dt = 1e-4`` as there): the Euler step of NIR's ODE over ``dt`` is exactly the snnjax update.
+
+Not carried by NIR, and refused with an error naming the layer: soft reset (``v_reset=None``; NIR
+resets to a potential), max pooling (no node in NIR 1.0), models that are not a chain (attention,
+residual blocks: Spikformer). NIR describes inference, so the surrogate gradient and
+``detach_reset`` (which change only gradients) have no NIR field: they are written to each
+neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_alpha``, ``snnjax_detach_reset``), which
+``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
+(``CubaLIF``, ``Delay``, ``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters,
+strided or padded pooling and graphs that are not a chain.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax.numpy as jnp
+import nir
+import numpy as np
+from flax import nnx
+
+from snnjax.deploy.graph import layer_ops
+from snnjax.deploy.sequential import SpikingSequential
+from snnjax.neurons import surrogate as sg
+from snnjax.neurons.base import decay_rate
+
+DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
+
+
+class NIRError(ValueError):
+    """The model or graph has something NIR (or this mapping) cannot carry; the message names it."""
+
+
+def fold_batchnorm(kernel: np.ndarray, bias: np.ndarray | None, bn: nnx.Module) -> tuple[np.ndarray, np.ndarray]:
+    """``(kernel, bias)`` of an affine layer (output channels last) followed by eval-mode BatchNorm ``bn`` as one.
+
+    ``bn(z) = (z - mean) * s + beta`` with ``s = scale / sqrt(var + eps)``, so ``W' = W * s`` (per output
+    channel) and ``b' = (b - mean) * s + beta``.
+    """
+    s = np.asarray(bn.scale[...]) / np.sqrt(np.asarray(bn.var[...]) + bn.eps)
+    b = np.zeros(kernel.shape[-1], kernel.dtype) if bias is None else np.asarray(bias)
+    return np.asarray(kernel) * s, (b - np.asarray(bn.mean[...])) * s + np.asarray(bn.bias[...])
+
+
+def _nir_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[2], shape[0], shape[1]) if len(shape) == 3 else shape
+
+
+def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -> nir.NIRGraph:
+    """``model``'s eval-mode forward as a NIR graph (a chain ``input -> ... -> output``).
+
+    ``input_shape``: one example at one time step, channels-last ``(H, W, C)`` or ``(F,)``.
+
+    Raises:
+      NIRError: something NIR cannot carry (see the module docstring); UnsupportedModelError for non-chains.
+    """
+    ops = layer_ops(model)
+    shape = tuple(int(d) for d in input_shape)
+    nodes: list[tuple[str, Any]] = [("input", nir.Input(input_type=np.array(_nir_shape(shape))))]
+    flat_from = None  # (H, W, C) of the last flatten, until the linear layer that reads it
+    for op in ops:
+        name = op.name.replace(".", "_")
+        if op.kind == "dropout":
+            continue
+        if op.kind == "batchnorm":
+            last_name, last = nodes[-1]
+            if not isinstance(last, (nir.Conv2d, nir.Affine, nir.Linear)):
+                raise NIRError(f"{op.name}: BatchNorm after {type(last).__name__} cannot be folded; NIR has no "
+                               "BatchNorm node (only one right after a conv or linear layer is supported)")
+            channels_last = np.moveaxis(last.weight, 0, -1)  # [..., out]
+            bias = getattr(last, "bias", None)
+            kernel, bias = fold_batchnorm(channels_last, bias, op.module)
+            weight = np.moveaxis(kernel, -1, 0)
+            nodes[-1] = (last_name, nir.Conv2d(input_shape=last.input_shape, weight=weight, stride=last.stride,
+                                               padding=last.padding, dilation=last.dilation, groups=last.groups,
+                                               bias=bias) if isinstance(last, nir.Conv2d) else
+                         nir.Affine(weight=weight, bias=bias))
+        elif op.kind == "conv":
+            conv = op.module
+            if len(shape) != 3:
+                raise NIRError(f"{op.name}: a conv needs an [H, W, C] input, got {shape}")
+            (pl, ph), (pl2, ph2) = conv.padding
+            if pl != ph or pl2 != ph2:
+                raise NIRError(f"{op.name}: asymmetric padding {conv.padding} has no NIR form")
+            stride = conv.strides if isinstance(conv.strides, tuple) else (conv.strides, conv.strides)
+            kernel = np.asarray(conv.kernel[...])
+            bias = np.asarray(conv.bias[...]) if conv.bias is not None else np.zeros(kernel.shape[-1], kernel.dtype)
+            node = nir.Conv2d(input_shape=shape[:2], weight=kernel.transpose(3, 2, 0, 1), stride=stride,
+                              padding=(pl, pl2), dilation=(1, 1), groups=1, bias=bias)
+            nodes.append((name, node))
+            h, w = (int(d) for d in node.output_type["output"][1:])
+            shape = (h, w, kernel.shape[-1])
+        elif op.kind == "linear":
+            kernel = np.asarray(op.module.kernel[...])  # [in, out]
+            if flat_from is not None:  # inputs in snnjax's HWC order -> NIR's CHW order
+                h, w, c = flat_from
+                kernel = kernel.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(h * w * c, -1)
+                flat_from = None
+            weight = kernel.T
+            node = (nir.Affine(weight=weight, bias=np.asarray(op.module.bias[...])) if op.module.bias is not None
+                    else nir.Linear(weight=weight))
+            nodes.append((name, node))
+            shape = (kernel.shape[1],)
+        elif op.kind == "avgpool":
+            k = op.size
+            nodes.append((name, nir.AvgPool2d(kernel_size=np.array([k, k]), stride=np.array([k, k]),
+                                              padding=np.array([0, 0]))))
+            shape = (shape[0] // k, shape[1] // k, shape[2])
+        elif op.kind == "maxpool":
+            raise NIRError(f"{op.name}: NIR 1.0 has no max pooling node; build the net with average pooling "
+                           "(e.g. dvs_gesture_net(pool='avg'))")
+        elif op.kind == "flatten":
+            if len(shape) == 1:
+                continue
+            nodes.append((name, nir.Flatten(input_type={"input": np.array(_nir_shape(shape))}, start_dim=0,
+                                            end_dim=-1)))
+            flat_from, shape = shape, (int(np.prod(shape)),)
+        else:  # neuron
+            nodes.append((name, _neuron_node(op, _nir_shape(shape), dt)))
+    nodes.append(("output", nir.Output(output_type=np.array(_nir_shape(shape)))))
+    edges = [(a, b) for (a, _), (b, _) in zip(nodes[:-1], nodes[1:], strict=True)]
+    return nir.NIRGraph(nodes=dict(nodes), edges=edges)
+
+
+def _neuron_node(op, shape: tuple[int, ...], dt: float):
+    node = op.module
+    cfg = node.config
+    if cfg.v_reset is None:
+        raise NIRError(f"{op.name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
+                       "train with a hard reset (e.g. v_reset=0.0) to export")
+    full = lambda v: np.full(shape, float(v))  # noqa: E731
+    meta = {"snnjax_surrogate": sg.name_of(cfg.surrogate), "snnjax_alpha": float(getattr(cfg.surrogate, "alpha", 0)),
+            "snnjax_detach_reset": int(cfg.detach_reset)}
+    if cfg.kind == "IF":
+        return nir.IF(r=full(1.0 / dt), v_threshold=full(cfg.v_threshold), v_reset=full(cfg.v_reset), metadata=meta)
+    tau = cfg.tau if cfg.kind == "LIF" else 1.0 / float(decay_rate(cfg, node.decay_param()))
+    return nir.LIF(tau=full(tau * dt), r=full(1.0 if cfg.decay_input else tau), v_leak=full(cfg.v_reset),
+                   v_threshold=full(cfg.v_threshold), v_reset=full(cfg.v_reset), metadata=meta)
+
+
+def _chain(graph: nir.NIRGraph) -> list[tuple[str, Any]]:
+    """The nodes of ``graph`` from its single Input to its single Output, refusing anything but a chain."""
+    inputs = [k for k, v in graph.nodes.items() if isinstance(v, nir.Input)]
+    if len(inputs) != 1:
+        raise NIRError(f"the graph has {len(inputs)} input nodes; from_nir takes a chain with one input")
+    succ: dict[str, list[str]] = {}
+    for a, b in graph.edges:
+        succ.setdefault(a, []).append(b)
+    order, name = [], inputs[0]
+    while True:
+        order.append((name, graph.nodes[name]))
+        nxt = succ.get(name, [])
+        if not nxt:
+            break
+        if len(nxt) > 1 or len(order) > len(graph.nodes):
+            raise NIRError(f"node {name!r} feeds {nxt}: from_nir takes a chain (no branches, residuals or recurrence)")
+        name = nxt[0]
+    if not isinstance(order[-1][1], nir.Output) or len(order) != len(graph.nodes):
+        raise NIRError("the graph is not one chain from its input to its output")
+    return order
+
+
+def _uniform(value, what: str) -> float:
+    values = np.unique(np.asarray(value))
+    if values.size != 1:
+        raise NIRError(f"{what} differs between neurons ({values.size} values); snnjax neurons share one value")
+    return float(values[0])
+
+
+def _pair(value, what: str) -> int:
+    v = np.broadcast_to(np.asarray(value).reshape(-1), (2,))
+    if v[0] != v[1]:
+        raise NIRError(f"{what} {tuple(v)} differs between height and width; snnjax takes one value")
+    return int(v[0])
+
+
+def _training_settings(node) -> dict[str, Any]:
+    meta = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (node.metadata or {}).items()}
+    out = {}
+    if "snnjax_surrogate" in meta:
+        alpha = float(meta.get("snnjax_alpha", 0)) or None
+        out["surrogate_function"] = sg.get(str(meta["snnjax_surrogate"]), alpha)
+    if "snnjax_detach_reset" in meta:
+        out["detach_reset"] = bool(int(meta["snnjax_detach_reset"]))
+    return out
+
+
+def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: nnx.Rngs | None = None,
+             dtype=None, param_dtype=None) -> SpikingSequential:
+    """A :class:`SpikingSequential` computing NIR ``graph`` (or the file it is in), in eval mode.
+
+    ``dt``: seconds per time step the graph's time constants are read with (as written by ``to_nir``).
+
+    Raises:
+      NIRError: a node, parameter or topology outside the mapping (see the module docstring).
+    """
+    if not isinstance(graph, nir.NIRGraph):
+        graph = nir.read(graph)
+    chain = _chain(graph)
+    in_shape = tuple(int(d) for d in chain[0][1].input_type["input"])
+    shape = (in_shape[1], in_shape[2], in_shape[0]) if len(in_shape) == 3 else in_shape
+    specs, weights, flat_from = [], [], None
+    for name, node in chain[1:-1]:
+        if isinstance(node, nir.Conv2d):
+            if _pair(node.dilation, f"{name}: dilation") != 1 or int(np.asarray(node.groups)) != 1:
+                raise NIRError(f"{name}: dilated or grouped convolutions are not supported")
+            if isinstance(node.padding, str):
+                raise NIRError(f"{name}: padding {node.padding!r}; give integer padding")
+            w = np.asarray(node.weight)
+            if w.shape[2] != w.shape[3]:
+                raise NIRError(f"{name}: kernel {w.shape[2:]} is not square")
+            specs.append({"kind": "conv", "features": w.shape[0], "kernel": w.shape[2],
+                          "stride": _pair(node.stride, f"{name}: stride"),
+                          "padding": _pair(node.padding, f"{name}: padding")})
+            weights.append((w.transpose(2, 3, 1, 0), np.asarray(node.bias)))
+        elif isinstance(node, (nir.Affine, nir.Linear)):
+            w = np.asarray(node.weight)  # [out, in]
+            if flat_from is not None:  # NIR's CHW order -> snnjax's HWC
+                c, h, wd = flat_from
+                w = w.reshape(-1, c, h, wd).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
+                flat_from = None
+            bias = np.asarray(node.bias) if isinstance(node, nir.Affine) else np.zeros(w.shape[0], w.dtype)
+            specs.append({"kind": "linear", "features": w.shape[0]})
+            weights.append((w.T, bias))
+        elif isinstance(node, nir.AvgPool2d):
+            k, s = _pair(node.kernel_size, f"{name}: kernel_size"), _pair(node.stride, f"{name}: stride")
+            if k != s or _pair(node.padding, f"{name}: padding") != 0:
+                raise NIRError(f"{name}: average pooling with stride {s} != kernel {k} or padding is not supported")
+            specs.append({"kind": "avgpool", "size": k})
+            weights.append(None)
+        elif isinstance(node, nir.Flatten):
+            shape_in = node.input_type["input"]
+            if node.start_dim != 0 or node.end_dim not in (-1, len(shape_in) - 1 if shape_in is not None else -1):
+                raise NIRError(f"{name}: only a flatten of every dim of an example (start_dim=0, end_dim=-1)")
+            if shape_in is not None and len(shape_in) == 3 and (shape_in[0] > 1 and shape_in[1] * shape_in[2] > 1):
+                flat_from = tuple(int(d) for d in shape_in)
+            specs.append({"kind": "flatten"})
+            weights.append(None)
+        elif isinstance(node, (nir.IF, nir.LIF)):
+            specs.append(_neuron_spec(name, node, dt))
+            weights.append(None)
+        else:
+            raise NIRError(f"node {name!r} is a {type(node).__name__}, which from_nir does not map (it takes "
+                           "Affine, Linear, Conv2d, AvgPool2d, Flatten, IF, LIF)")
+    model = SpikingSequential(shape, specs, rngs=rngs or nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+    for layer, w in zip(model.layers, weights, strict=True):
+        if w is not None:
+            layer.kernel[...] = jnp.asarray(w[0], layer.kernel[...].dtype)
+            layer.bias[...] = jnp.asarray(w[1], layer.bias[...].dtype)
+    model.eval()
+    return model
+
+
+def _neuron_spec(name: str, node, dt: float) -> dict[str, Any]:
+    v_threshold = _uniform(node.v_threshold, f"{name}: v_threshold")
+    v_reset = _uniform(node.v_reset, f"{name}: v_reset")
+    extra = _training_settings(node)
+    r = _uniform(node.r, f"{name}: r")
+    if isinstance(node, nir.IF):
+        if not np.isclose(r * dt, 1.0, rtol=1e-6):
+            raise NIRError(f"{name}: IF with r={r} at dt={dt}; snnjax's IF adds its input (r = 1/dt): pass the dt "
+                           "the graph was written with")
+        return {"kind": "neuron", "type": "IF", "v_threshold": v_threshold, "v_reset": v_reset, **extra}
+    tau = _uniform(node.tau, f"{name}: tau") / dt
+    if not tau > 1.0:
+        raise NIRError(f"{name}: LIF tau/dt = {tau} must be > 1 (pass the dt the graph was written with)")
+    if np.isclose(r, 1.0, rtol=1e-6):
+        decay_input = True
+    elif np.isclose(r, tau, rtol=1e-6):
+        decay_input = False
+    else:
+        raise NIRError(f"{name}: LIF r={r} must be 1 (decay_input=True) or tau/dt={tau} (decay_input=False)")
+    if not np.isclose(_uniform(node.v_leak, f"{name}: v_leak"), v_reset, rtol=1e-6, atol=1e-12):
+        raise NIRError(f"{name}: LIF v_leak must equal v_reset (snnjax leaks towards the reset potential)")
+    return {"kind": "neuron", "type": "LIF", "tau": tau, "decay_input": decay_input, "v_threshold": v_threshold,
+            "v_reset": v_reset, **extra}

@@ -1,0 +1,104 @@
+"""The exported model (jax.export, symbolic batch) runs in a fresh process from the file alone and reproduces logits."""
+import json
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_predict import digits_config
+from test_streaming import randomize_batch_norm
+
+from snnjax import export as export_lib
+from snnjax.deploy.exported import load_exported
+from snnjax.deploy.run import load_run
+from snnjax.models import CIFAR10DVSVGG
+from snnjax.train import train_and_evaluate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LOADER = ROOT / "snnjax" / "deploy" / "exported.py"
+
+# Run in a fresh interpreter: the loader's file imported on its own (no snnjax package, no model code).
+FRESH = """
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("loader", sys.argv[1])
+loader = importlib.util.module_from_spec(spec)
+sys.modules["loader"] = loader
+spec.loader.exec_module(loader)
+model = loader.load_exported(sys.argv[2])
+inputs = np.load(sys.argv[3])
+out = {}
+for name in inputs.files:
+    x = inputs[name]
+    out[name] = np.asarray(model(x))
+    states = model.init_states(x.shape[1])
+    steps = []
+    for t in range(x.shape[0]):
+        logits, states = model.step(x[t], states)
+        steps.append(np.asarray(logits))
+    out[name + "_steps"] = np.stack(steps)
+np.savez(sys.argv[4], **out)
+print(sorted(m for m in sys.modules if m.startswith("snnjax")))
+"""
+
+
+def run_fresh(model_file, inputs: dict, tmp_path) -> dict:
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    result = subprocess.run([sys.executable, "-c", FRESH, str(LOADER), str(model_file), str(tmp_path / "inputs.npz"),
+                             str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"  # nothing of snnjax was imported
+    return dict(np.load(tmp_path / "out.npz"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("digits")
+    train_and_evaluate(digits_config(num_steps=6, log_every_steps=6, checkpoint_every_steps=6), workdir)
+    return workdir
+
+
+def test_exported_run_reproduces_the_models_logits_in_a_fresh_process(run, tmp_path, capsys):
+    out = tmp_path / "model.bin"
+    assert export_lib.main(["--workdir", str(run), "--out", str(out)]) == 0
+    assert "multi-step and single-step, input [T=4, b, 8, 8, 1] float32" in capsys.readouterr().out
+    meta = json.loads(zipfile.ZipFile(out).read("meta.json"))
+    assert meta["step"] == 6 and meta["states"] == [{"shape": [256], "dtype": "float32", "init": 0.0}]
+    rng = np.random.default_rng(0)
+    inputs = {f"n{n}": rng.uniform(0, 2, (4, n, 8, 8, 1)).astype(np.float32) for n in (3, 16)}
+    got = run_fresh(out, inputs, tmp_path)
+    model = load_run(run).model
+    for name, x in inputs.items():
+        want = jax.jit(lambda m, x: m(x))(model, jnp.asarray(x))
+        assert float(jnp.abs(want).max()) > 0.2
+        np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got[name + "_steps"], want, rtol=0, atol=1e-6)
+
+
+def test_exported_conv_net_at_two_batch_sizes(tmp_path):
+    model = CIFAR10DVSVGG(widths=(8, 16), pools=(False, True), image_size=16, num_classes=4, rngs=nnx.Rngs(0))
+    randomize_batch_norm(model)
+    model.eval()
+    out = tmp_path / "vgg.bin"
+    meta = export_lib.export_model(model, (16, 16, 2), 3, jnp.float32, str(out), platforms=["cpu"])
+    assert [s["shape"] for s in meta["states"]] == [[16, 16, 8], [8, 8, 16]]
+    rng = np.random.default_rng(1)
+    inputs = {f"n{n}": rng.uniform(0, 3, (3, n, 16, 16, 2)).astype(np.float32) for n in (2, 5)}
+    loaded = load_exported(out)  # in this process too: the same loader
+    for x in inputs.values():
+        want = jax.jit(lambda m, x: m(x))(model, jnp.asarray(x))
+        assert float(jnp.abs(want).max()) > 0.1
+        np.testing.assert_allclose(loaded(x), want, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(loaded.step(x[0], loaded.init_states(x.shape[1]))[0], want[0], rtol=0, atol=1e-6)
+
+
+def test_loader_refuses_other_files(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a model written by python -m snnjax.export"):
+        load_exported(tmp_path / "x.bin")

@@ -1,0 +1,145 @@
+"""NIR export / import: BatchNorm folding, round trips, refusals, and SpikingJelly's NIR import of our files."""
+import os
+import subprocess
+
+import grimp
+import jax
+import jax.numpy as jnp
+import nir
+import numpy as np
+import pytest
+from flax import nnx
+from test_streaming import F64, build, randomize_batch_norm
+
+from snnjax import layers
+from snnjax.deploy.graph import UnsupportedModelError
+from snnjax.deploy.sequential import SpikingSequential, dvs_gesture_net
+from snnjax.interop.nir import NIRError, fold_batchnorm, from_nir, to_nir
+from snnjax.models import SpikingMLP
+from snnjax.neurons import ATan
+
+
+def gesture_net():
+    net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="avg", rngs=nnx.Rngs(2),
+                          **F64)
+    randomize_batch_norm(net)
+    net.layers[10].kernel[...] = 4.0 * np.asarray(net.layers[10].kernel[...])  # the hidden layer: drive to fire
+    return net, (4, 2, 16, 16, 2), 3.0
+
+
+def model_and_input(name):
+    model, shape, scale = gesture_net() if name == "dvs_gesture" else build(name)
+    model.eval()
+    return model, scale * jax.random.uniform(jax.random.key(3), shape, jnp.float64)
+
+
+def test_batchnorm_folds_into_the_conv_and_linear_before_it(x64):
+    rngs = nnx.Rngs(0)
+    x = jax.random.normal(jax.random.key(1), (3, 6, 6, 4), jnp.float64)
+    conv = layers.conv2d(4, 5, 3, padding=1, rngs=rngs, **F64)
+    fc = layers.linear(4, 5, rngs=rngs, **F64)
+    for layer, inputs in ((conv, x), (fc, x[:, 0, 0])):
+        bn = layers.BatchNorm(5, **F64)
+        randomize_batch_norm(bn)
+        bn.use_running_average = True
+        kernel, bias = fold_batchnorm(np.asarray(layer.kernel[...]), np.asarray(layer.bias[...]), bn)
+        layer_folded = nnx.clone(layer)
+        layer_folded.kernel[...], layer_folded.bias[...] = jnp.asarray(kernel), jnp.asarray(bias)
+        np.testing.assert_allclose(layer_folded(inputs), bn(layer(inputs)), rtol=0, atol=1e-12)
+        assert float(jnp.abs(bn(layer(inputs)) - layer(inputs)).max()) > 0.1  # the statistics do something
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture"])
+def test_round_trip_through_a_nir_file_reproduces_outputs(x64, tmp_path, name):
+    model, x = model_and_input(name)
+    graph = to_nir(model, x.shape[2:])
+    assert not any(type(n).__name__ == "BatchNorm" for n in graph.nodes.values())
+    nir.write(tmp_path / "model.nir", graph)
+    back = from_nir(tmp_path / "model.nir", dtype=jnp.float64, param_dtype=jnp.float64)
+    assert isinstance(back, SpikingSequential)
+    want = jax.jit(lambda m, x: m(x))(model, x)
+    assert float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_allclose(jax.jit(lambda m, x: m(x))(back, x), want, rtol=0, atol=1e-12)
+    kinds = [type(n).__name__ for n in graph.nodes.values()]
+    expected = {"mlp": ["Input", "Flatten", "Affine", "LIF", "Affine", "LIF", "Affine", "Output"],
+                "vgg": ["Input", "Conv2d", "LIF", "AvgPool2d", "Conv2d", "LIF", "Conv2d", "LIF", "AvgPool2d", "Conv2d",
+                        "LIF", "AvgPool2d", "Flatten", "Affine", "Output"]}
+    if name in expected:
+        assert kinds == expected[name]
+
+
+def test_neuron_parameters_and_training_settings_travel(tmp_path):
+    model = SpikingMLP(4, (3,), 2, neuron="IF", v_threshold=0.7, v_reset=-0.1, surrogate_function=ATan(3.0),
+                       detach_reset=True, rngs=nnx.Rngs(0))
+    graph = to_nir(model, (4,))
+    node = graph.nodes["neurons_0"]
+    assert isinstance(node, nir.IF) and np.all(node.r == 1e4) and np.all(node.v_threshold == 0.7)
+    nir.write(tmp_path / "if.nir", graph)
+    neuron = from_nir(tmp_path / "if.nir").layers[1]
+    assert (neuron.kind, neuron.v_threshold, neuron.v_reset) == ("IF", 0.7, -0.1)
+    assert neuron.surrogate_function == ATan(3.0) and neuron.detach_reset
+    lif = to_nir(SpikingMLP(4, (3,), 2, tau=4.0, decay_input=False, rngs=nnx.Rngs(0)), (4,)).nodes["neurons_0"]
+    assert np.allclose(lif.tau, 4e-4) and np.all(lif.r == 4.0) and np.all(lif.v_leak == 0.0)
+
+
+def test_what_nir_cannot_carry_is_refused():
+    with pytest.raises(NIRError, match="soft reset"):
+        to_nir(SpikingMLP(4, (3,), 2, v_reset=None, rngs=nnx.Rngs(0)), (4,))
+    maxpool = dvs_gesture_net((8, 8, 2), channels=2, num_classes=2, blocks=1, hidden=4, pool="max", rngs=nnx.Rngs(0))
+    with pytest.raises(NIRError, match="no max pooling node"):
+        to_nir(maxpool, (8, 8, 2))
+    with pytest.raises(UnsupportedModelError, match="attention"):
+        to_nir(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), (2,))
+    graph = to_nir(SpikingMLP(4, (3,), 2, rngs=nnx.Rngs(0)), (4,))
+    graph.nodes["neurons_0"].v_threshold = np.array([1.0, 1.0, 0.5])
+    with pytest.raises(NIRError, match="v_threshold differs between neurons"):
+        from_nir(graph)
+    graph = to_nir(SpikingMLP(4, (3,), 2, rngs=nnx.Rngs(0)), (4,))
+    graph.nodes["neurons_0"] = nir.CubaLIF(tau_syn=np.ones(3), tau_mem=np.ones(3), r=np.ones(3), v_leak=np.zeros(3),
+                                           v_threshold=np.ones(3))
+    with pytest.raises(NIRError, match="CubaLIF, which from_nir does not map"):
+        from_nir(graph)
+    graph.edges.append(("fcs_0", "head"))
+    with pytest.raises(NIRError, match="chain"):
+        from_nir(graph)
+
+
+def _sj_python():
+    """An interpreter with torch, spikingjelly and nir: $SNNJAX_SJ_PYTHON, else none."""
+    return os.environ.get("SNNJAX_SJ_PYTHON")
+
+
+SJ_IMPORT = """
+import sys, numpy as np, torch
+from spikingjelly.activation_based.nir_exchange import import_from_nir
+for path in sys.argv[1:]:
+    net = import_from_nir(path + ".nir", dt=1e-4, dtype=torch.float64, step_mode="m")
+    x = np.load(path + "_x.npy")
+    x = x.transpose(0, 1, 4, 2, 3) if x.ndim == 5 else x  # [T, N, H, W, C] -> SpikingJelly's [T, N, C, H, W]
+    with torch.no_grad():
+        y, _ = net(torch.from_numpy(np.ascontiguousarray(x)))
+    np.save(path + "_y.npy", y.numpy())
+"""
+
+
+@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with spikingjelly and nir (SNNJAX_SJ_PYTHON)")
+def test_spikingjelly_imports_our_nir_files_and_reproduces_outputs(x64, tmp_path):
+    names, want = ["mlp", "vgg", "dvs_gesture"], {}
+    for name in names:
+        model, x = model_and_input(name)
+        nir.write(tmp_path / f"{name}.nir", to_nir(model, x.shape[2:]))
+        np.save(tmp_path / f"{name}_x.npy", np.asarray(x))
+        want[name] = jax.jit(lambda m, x: m(x))(model, x)
+    result = subprocess.run([_sj_python(), "-c", SJ_IMPORT, *(str(tmp_path / n) for n in names)],
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode and "No module named 'nir" in result.stderr:
+        pytest.skip(f"{_sj_python()} lacks nir / nirtorch (pip install nir nirtorch there)")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in names:
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}_y.npy"), want[name], rtol=0, atol=1e-12)
+
+
+def test_only_the_nir_module_imports_nir():
+    """The ``nir`` package is optional: only ``snnjax.interop.nir`` imports it."""
+    graph = grimp.build_graph("snnjax", include_external_packages=True)
+    assert graph.find_modules_that_directly_import("nir") == {"snnjax.interop.nir"}
