@@ -91,13 +91,13 @@ def layer_records(t: int, spec: str, batch: int, width: int, impls: list[str], r
     shape = (t, batch, 48, 48, width)
     mesh = _mesh(spec)
     cfg = B.NeuronConfig(kind="LIF")
-    sharding = NamedSharding(mesh, P("time"))
+    sharding = NamedSharding(mesh, P("time", "data" if "data" in spec else None))
     x = jax.device_put(jax.random.normal(jax.random.key(0), shape, jnp.float32) + 0.5, sharding)
     ds = jax.device_put(jax.random.normal(jax.random.key(1), shape, jnp.float32), sharding)
 
     def fwd_bwd(impl):
         def run(x, ds):  # under time sharding the dispatcher runs impl per block
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), temporal.devices(mesh):
                 s, vjp = jax.vjp(lambda x: dispatch.multistep(cfg, x, impl=impl)[0], x)
                 return s, vjp(ds)[0]
         return run
