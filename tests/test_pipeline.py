@@ -2,9 +2,10 @@
 
 For a small CIFAR10DVSVGG (dropout on, so each microbatch's dropout key matters) and a tiny
 Spikformer, every schedule with stage=2 and stage=4 (interleaved: 2 virtual stages per device),
-and stage=2 x data=2 x tensor=2, must give the single-device loss and gradients of the first step
-(``train_step`` with ``grad_accum_steps = M``), and after three Adam steps the same parameters,
-optimizer state and BatchNorm statistics (relative error <= 1e-9).
+and stage=2 x data=2 x tensor=2, and zero-bubble under each checkpointing policy, must give the
+single-device loss and gradients of the first step (``train_step`` with ``grad_accum_steps = M``, no
+checkpointing), and after three Adam steps the same parameters, optimizer state and BatchNorm
+statistics (relative error <= 1e-9).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
-from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models import CIFAR10DVSVGG, Spikformer, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
 from snnjax.parallel.pipeline_plan import PipelineOptions
@@ -43,15 +44,23 @@ def build(name: str):
                        mlp_ratio=2, **kw), (2, BATCH, 16, 16, 2))
 
 
-@functools.cache
-def _setup(model_name: str):
-    return initial_state(*build(model_name))
+REMAT = {"units": "units", "spikes": "spikes", "dots_saveable": "dots_saveable",
+         "mix": {"features.0": "units", "features.2": "spikes", "features.5": "dots_saveable"}}
 
 
 @functools.cache
-def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1):
-    """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device."""
-    model, graphdef, tx, host_state, x, y = _setup(model_name)
+def _setup(model_name: str, policy: str = "none"):
+    model, shape = build(model_name)
+    remat.configure(model, REMAT.get(policy, "none"), "bits" if policy == "mix" else "float")
+    return initial_state(model, shape)
+
+
+@functools.cache
+def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1,
+         policy: str = "none"):
+    """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device;
+    ``policy``: a key of ``REMAT`` (the model's checkpointing; ``mix``: per unit, spikes stored as bits)."""
+    model, graphdef, tx, host_state, x, y = _setup(model_name, policy)
     host_state = jax.tree.map(lambda a: a.copy(), host_state)
     if mesh_spec is None:
         cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
@@ -81,6 +90,19 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
     ref_first, ref_state, _, _ = _run(model_name, None, "", microbatches)
     first, state, plan, _ = _run(model_name, mesh_spec, schedule, microbatches, virtual)
     assert plan.pipeline.microbatches == microbatches and plan.pipeline.virtual == virtual
+    _assert_same_training(first, state, ref_first, ref_state)
+
+
+@pytest.mark.parametrize("policy", list(REMAT))
+def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
+    """The B/W split reaches the contractions inside the checkpointed units: the same training as one device
+    without checkpointing."""
+    ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
+    first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)
+    _assert_same_training(first, state, ref_first, ref_state)
+
+
+def _assert_same_training(first, state, ref_first, ref_state):
     assert _rel(first["loss"], ref_first["loss"]) <= TOL
     assert _rel(first["accuracy"], ref_first["accuracy"]) <= TOL
     scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise

@@ -1,5 +1,6 @@
 """The zero-bubble backward split: B (input gradients) + W (weight gradients) equals the whole VJP, and W holds
-only the weight-gradient contractions."""
+only the weight-gradient contractions, under every checkpointing policy (their contractions sit in ``remat``
+bodies, which the split inlines)."""
 import collections
 
 import jax
@@ -8,13 +9,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from snnjax.models import CIFAR10DVSVGG
+from snnjax.models import CIFAR10DVSVGG, remat
 from snnjax.parallel import weight_split
 
+MIX = {"features.0": "units", "features.1": "spikes", "features.2": "dots_saveable"}
+POLICIES = {"none": "none", "units": "units", "spikes": "spikes", "dots_saveable": "dots_saveable", "mix": MIX}
 
-def _backward(units: int, with_input_grad: bool):
-    """The VJP of the first ``units`` units of a small CIFAR10DVSVGG, as ``(jaxpr, residuals, cotangent, is_param)``."""
+
+def _backward(units: int, with_input_grad: bool, policy="none", spike_residuals="float"):
+    """The VJP of the first ``units`` units of a small CIFAR10DVSVGG under ``policy``, as
+    ``(jaxpr, residuals, cotangent, is_param, number of parameters)``."""
     model = CIFAR10DVSVGG(widths=(4, 8, 8, 8, 8, 8, 8, 8), rngs=nnx.Rngs(0))
+    remat.configure(model, remat=policy, spike_residuals=spike_residuals)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     x = (jax.random.uniform(jax.random.key(1), (3, 2, 48, 48, 2)) < 0.4).astype(jnp.result_type(float))
 
@@ -39,10 +45,17 @@ def _contractions(jaxpr) -> int:
     return sum(e.primitive.name in weight_split.HEAVY for e in jaxpr.eqns)
 
 
-@pytest.mark.parametrize("with_input_grad", [True, False])
-def test_b_then_w_equals_the_whole_backward(with_input_grad):
+def _large_bytes(avals) -> int:
+    """Bytes of the arrays larger than ``weight_split.SMALL_BYTES`` (scalars and bias-sized vectors aside)."""
+    sizes = (int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
+    return sum(n for n in sizes if n > weight_split.SMALL_BYTES)
+
+
+@pytest.mark.parametrize("policy,with_input_grad", [(p, True) for p in POLICIES] + [("none", False),
+                                                                                    ("units", False)])
+def test_b_then_w_equals_the_whole_backward(policy, with_input_grad):
     with jax.enable_x64():
-        closed, leaves, ct, is_param, n_params = _backward(3, with_input_grad)
+        closed, leaves, ct, is_param, n_params = _backward(3, with_input_grad, POLICIES[policy])
         bw = weight_split.split(closed, n_params, is_param + [False])
         input_grads, stored = bw.run_b(*leaves, ct)
         weight_grads = bw.run_w(stored, [leaves[i] for i in bw.direct_inputs])
@@ -67,3 +80,20 @@ def test_w_runs_one_contraction_per_conv_and_stores_less_than_the_residuals(with
     nbytes = lambda avals: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)  # noqa: E731
     residuals = nbytes([leaf for leaf, p in zip(leaves, is_param, strict=True) if not p])
     assert nbytes(bw.stored) < 0.75 * residuals
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "none"])
+@pytest.mark.parametrize("spike_residuals", ["float", "bits"])
+def test_checkpointing_leaves_w_as_without_it(policy, spike_residuals):
+    """Under checkpointing the contractions sit in ``remat`` bodies: inlined, W runs the same weight-gradient
+    contractions as under ``none`` and stores the same arrays (each layer's input, encoded as the spike residual
+    setting says, and output cotangent); B recomputes the checkpointed forwards."""
+    ref = _backward(3, True, "none", spike_residuals)
+    ref_bw = weight_split.split(ref[0], ref[4], ref[3] + [False])
+    closed, _, _, is_param, n_params = _backward(3, True, POLICIES[policy], spike_residuals)
+    assert _contractions(closed.jaxpr) == 0  # every contraction is nested: the old top-level split found none
+    bw = weight_split.split(closed, n_params, is_param + [False])
+    assert _contractions(bw.w.jaxpr) == _contractions(ref_bw.w.jaxpr) == 3
+    recomputed = _contractions(bw.b.jaxpr) - _contractions(ref_bw.b.jaxpr)  # forward convolutions run again in B
+    assert recomputed == 3 if policy in ("units", "spikes") else recomputed >= 0
+    assert _large_bytes(bw.stored) == _large_bytes(ref_bw.stored)
