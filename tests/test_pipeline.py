@@ -19,10 +19,12 @@ from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
+from snnjax.bench.pipeline import w_contractions
 from snnjax.models import CIFAR10DVSVGG, Spikformer, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train import apply_plan
 from snnjax.train.sharded import eval_fn
 from snnjax.train.step import StepConfig
 
@@ -95,11 +97,26 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
 
 @pytest.mark.parametrize("policy", list(REMAT))
 def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
-    """The B/W split reaches the contractions inside the checkpointed units: the same training as one device
-    without checkpointing."""
+    """The B/W split reaches the contractions inside the checkpointed units: each stage's W runs as many as without
+    checkpointing (none before the split inlined the checkpointed bodies), and training equals one device's."""
+    assert _w_contractions(policy) == _w_contractions("none") and min(_w_contractions("none")) > 0
     ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
     first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)
     _assert_same_training(first, state, ref_first, ref_state)
+
+
+@functools.cache
+def _w_contractions(policy: str) -> list[int]:
+    """The contractions each stage's W runs in the zero-bubble step on stage=2 (traced, not compiled)."""
+    model, graphdef, tx, host_state, x, y = _setup("vgg", policy)
+    plan = parallel.plan(model, mesh_lib.make_mesh("stage=2", jax.devices()[:2]), mode="pp", global_batch_size=BATCH,
+                         pipeline=PipelineOptions("zero_bubble", 1, 2))
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True)
+    state, step = apply_plan(plan, jax.tree.map(lambda a: a.copy(), host_state), cfg, graphdef, tx,
+                             batch_axes={"inputs": 1, "labels": 0}, batch_ndims={"inputs": 5, "labels": 1})
+    batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
+             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
+    return w_contractions(step.trace(state, batch).jaxpr, len(plan.pipeline.layout))
 
 
 def _assert_same_training(first, state, ref_first, ref_state):
