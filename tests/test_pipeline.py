@@ -53,7 +53,8 @@ REMAT = {"units": "units", "spikes": "spikes", "dots_saveable": "dots_saveable",
 @functools.cache
 def _setup(model_name: str, policy: str = "none"):
     model, shape = build(model_name)
-    remat.configure(model, REMAT.get(policy, "none"), "bits" if policy == "mix" else "float")
+    if policy != "none":
+        remat.configure(model, REMAT[policy], "bits" if policy == "mix" else "float")
     return initial_state(model, shape)
 
 
