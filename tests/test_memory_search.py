@@ -1,12 +1,18 @@
 """The memory search: estimates from traced programs, candidates fastest first, the first whose compiled peak
 fits is chosen, and the analyses it compiles for are those of the real step."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
 from flax import nnx
 
+from snnjax import parallel
 from snnjax.models import create_model
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel import pipeline_plan
+from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import memory_estimate as me
 from snnjax.train import memory_search as ms
 from snnjax.train import pipeline_memory as pm
@@ -129,3 +135,47 @@ def test_pipeline_search_orders_by_estimated_time_and_skips_what_a_miss_rules_ou
     # (4, none/float) missed, so (2, none/float) and (2, none/bits)... with fewer microbatches are never compiled
     assert all(not (c.microbatches <= 4 and pm.PLANS.index(c.settings) == 0) for c in compiled[1:])
     assert len(compiled) < len(cands) and "8 microbatches" in result.summary()
+
+
+def _first_fit(cands, peaks, budget):
+    """What compiling every candidate would choose: the first (fastest) whose peak fits."""
+    return next((c for c in cands if peaks[c] <= budget), None)
+
+
+def _search_equals_compiling_everything(cands, peaks):
+    """For every budget at and just below each peak, the search chooses what compiling every candidate would."""
+    for budget in sorted({p + d for p in peaks.values() for d in (-1, 0)}):
+        result = pm.search(cands, lambda c: _Compiled(peaks[c]), budget)
+        assert (result.chosen and result.chosen.candidate) == _first_fit(cands, peaks, budget), budget
+
+
+def test_pipeline_search_assumes_nothing_across_plans_or_offloads():
+    """Peaks that rise along the plans (zero-bubble's W buffers do not shrink with checkpointing) and fall with
+    offload: a miss rules out only the same plan and offload with fewer microbatches, so the search chooses what
+    compiling every candidate would; a miss without offload does not rule out the same plan offloaded."""
+    cands = pm.candidates([(8, 12.0), (4, 13.0), (2, 20.0)]) + pm.candidates([(8, 12.0), (4, 13.0), (2, 20.0)],
+                                                                              "opt_state")
+    peaks = {c: {2: 300, 4: 250, 8: 200}[c.microbatches] + 10 * pm.PLANS.index(c.settings)
+             - (60 if c.offload == "opt_state" else 0) for c in cands}
+    chosen = pm.search(cands, lambda c: _Compiled(peaks[c]), 190).chosen.candidate  # every plan misses unoffloaded
+    assert (chosen.microbatches, chosen.settings, chosen.offload) == (8, pm.PLANS[0], "opt_state")
+    _search_equals_compiling_everything(cands, peaks)
+
+
+def test_pipeline_search_on_real_zero_bubble_peaks(x32_module):
+    """Every candidate of a zero-bubble pipeline on stage=2 compiled (the real SPMD step): whatever the budget, the
+    search, which skips what a miss rules out, chooses what compiling every candidate would."""
+    kwargs = dict(widths=(8,), pools=(False,), image_size=8, in_channels=2, num_classes=4)  # a block and the head
+    model = nnx.eval_shape(lambda: create_model("cifar10dvs_vgg", kwargs, rngs=nnx.Rngs(0)))
+    batch = {"inputs": jax.ShapeDtypeStruct(SHAPE, jnp.float32), "labels": jax.ShapeDtypeStruct((16,), jnp.int32)}
+    mesh = mesh_lib.make_mesh("stage=2", jax.devices()[:2])
+    plan_for = functools.cache(lambda m: parallel.plan(model, mesh, mode="pp", global_batch_size=16,
+                                                       pipeline=PipelineOptions("zero_bubble", 1, m, "1|1")))
+    compile_for = pm.step_compiler(model, StepConfig(seed=0, time_steps=8, encoder=None), optax.adam(1e-3), batch,
+                                   plan_for, lambda plan: {k: plan.batch_sharding(v.ndim, 1 if k == "inputs" else 0)
+                                                           for k, v in batch.items()})
+    cands = pm.candidates([(m, t) for m, t in pipeline_plan.microbatch_options(16, 1, 2, 1, "zero_bubble")
+                           if m in (2, 4)])
+    peaks = {c: ms.measure(compile_for, c).peak_bytes for c in cands}
+    assert len(cands) == 6 and max(peaks.values()) > min(peaks.values())
+    _search_equals_compiling_everything(cands, peaks)

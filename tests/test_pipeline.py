@@ -2,9 +2,10 @@
 
 For a small CIFAR10DVSVGG (dropout on, so each microbatch's dropout key matters) and a tiny
 Spikformer, every schedule with stage=2 and stage=4 (interleaved: 2 virtual stages per device),
-and stage=2 x data=2 x tensor=2, must give the single-device loss and gradients of the first step
-(``train_step`` with ``grad_accum_steps = M``), and after three Adam steps the same parameters,
-optimizer state and BatchNorm statistics (relative error <= 1e-9).
+and stage=2 x data=2 x tensor=2, and zero-bubble under each checkpointing policy, must give the
+single-device loss and gradients of the first step (``train_step`` with ``grad_accum_steps = M``, no
+checkpointing), and after three Adam steps the same parameters, optimizer state and BatchNorm
+statistics (relative error <= 1e-9).
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
+from snnjax.bench.pipeline import w_contractions
 from snnjax.models import CIFAR10DVSVGG, Spikformer, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan, pipeline_tables, schedules
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train import apply_plan
 from snnjax.train.sharded import eval_fn
 from snnjax.train.step import StepConfig
 
@@ -43,22 +46,24 @@ def build(name: str):
                        mlp_ratio=2, **kw), (2, BATCH, 16, 16, 2))
 
 
+REMAT = {"units": "units", "spikes": "spikes", "dots_saveable": "dots_saveable",
+         "mix": {"features.0": "units", "features.2": "spikes", "features.5": "dots_saveable"}}
+
+
 @functools.cache
-def _setup(model_name: str):
-    return initial_state(*build(model_name))
+def _setup(model_name: str, policy: str = "none"):
+    model, shape = build(model_name)
+    if policy != "none":
+        remat.configure(model, REMAT[policy], "bits" if policy == "mix" else "float")
+    return initial_state(model, shape)
 
 
 @functools.cache
 def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: int, virtual: int = 1,
          policy: str = "none"):
     """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device;
-    ``policy``: the activation checkpointing of every unit (``snnjax.models.remat``)."""
-    if policy == "none":
-        model, graphdef, tx, host_state, x, y = _setup(model_name)
-    else:  # a model of its own (the same parameters), checkpointed
-        model, shape = build(model_name)
-        remat.configure(model, policy)
-        model, graphdef, tx, host_state, x, y = initial_state(model, shape)
+    ``policy``: a key of ``REMAT`` (the model's checkpointing; ``mix``: per unit, spikes stored as bits)."""
+    model, graphdef, tx, host_state, x, y = _setup(model_name, policy)
     host_state = jax.tree.map(lambda a: a.copy(), host_state)
     if mesh_spec is None:
         cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
@@ -90,6 +95,34 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
     ref_first, ref_state, _, _ = _run(model_name, None, "", microbatches)
     first, state, plan, _ = _run(model_name, mesh_spec, schedule, microbatches, virtual)
     assert plan.pipeline.microbatches == microbatches and plan.pipeline.virtual == virtual
+    _assert_same_training(first, state, ref_first, ref_state)
+
+
+@pytest.mark.parametrize("policy", list(REMAT))
+def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
+    """The B/W split reaches the contractions inside the checkpointed units: each stage's W runs as many as without
+    checkpointing (none before the split inlined the checkpointed bodies), and training equals one device's."""
+    assert _w_contractions(policy) == _w_contractions("none") and min(_w_contractions("none")) > 0
+    ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
+    first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)
+    _assert_same_training(first, state, ref_first, ref_state)
+
+
+@functools.cache
+def _w_contractions(policy: str) -> list[int]:
+    """The contractions each stage's W runs in the zero-bubble step on stage=2 (traced, not compiled)."""
+    model, graphdef, tx, host_state, x, y = _setup("vgg", policy)
+    plan = parallel.plan(model, mesh_lib.make_mesh("stage=2", jax.devices()[:2]), mode="pp", global_batch_size=BATCH,
+                         pipeline=PipelineOptions("zero_bubble", 1, 2))
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True)
+    state, step = apply_plan(plan, jax.tree.map(lambda a: a.copy(), host_state), cfg, graphdef, tx,
+                             batch_axes={"inputs": 1, "labels": 0}, batch_ndims={"inputs": 5, "labels": 1})
+    batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
+             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
+    return w_contractions(step.trace(state, batch).jaxpr, len(plan.pipeline.layout))
+
+
+def _assert_same_training(first, state, ref_first, ref_state):
     assert _rel(first["loss"], ref_first["loss"]) <= TOL
     assert _rel(first["accuracy"], ref_first["accuracy"]) <= TOL
     scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise
@@ -100,13 +133,11 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
     assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
 
 
-@pytest.mark.parametrize("policy", ["units", "dots_saveable"])
-def test_pipeline_with_activation_checkpointing_matches_single_device(policy):
-    """1F1B on stage=2 x data=4 with every unit checkpointed: the loss and gradients of one device."""
-    ref_first, _, _, _ = _run("vgg", None, "", 2, 1, policy)
-    first, _, _, _ = _run("vgg", "stage=2,data=4", "1f1b", 2, 1, policy)
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    assert _rel(_flat(first["grads"]), _flat(ref_first["grads"])) <= TOL
+def test_one_f_one_b_with_checkpointed_units_matches_single_device():
+    """1F1B on stage=2 x data=4 with every unit checkpointed trains as one device without checkpointing."""
+    ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
+    first, state, _, _ = _run("vgg", "stage=2,data=4", "1f1b", 2, 1, "units")
+    _assert_same_training(first, state, ref_first, ref_state)
 
 
 def test_one_f_one_b_holds_stage_inputs_by_stages_not_microbatches():

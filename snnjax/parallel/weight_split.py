@@ -15,6 +15,13 @@ microbatches waiting for their W hold two arrays per weight layer.
 
 ``direct`` marks the backward's inputs W may take again at W time instead of having them stored
 (the parameters, which do not change within a step).
+
+Under activation checkpointing (``snnjax.models.remat``) the backward is mostly ``remat`` equations
+whose bodies recompute a unit's forward and run its backward; jitted helpers and custom derivative
+rules nest bodies too. ``split`` first inlines every such body (``inline``), so the weight-gradient
+contractions inside them reach W under every policy. The recomputation stays a recomputation: it
+reads the kept residuals plus zero times a cotangent element (``snnjax.layers.residuals.after``), so
+XLA can neither run it before the backward reaches the unit nor merge it with the forward.
 """
 from __future__ import annotations
 
@@ -28,6 +35,10 @@ import numpy as np
 from jax.extend import core
 
 HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+# Equations whose bodies ``inline`` flattens into their jaxpr: checkpointing, jit, calls and custom derivative rules
+# (a backward only evaluates these; it is never differentiated again).
+NESTED = frozenset({"remat2", "checkpoint", "pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+                    "custom_vjp_call", "custom_vjp_call_jaxpr"})
 SMALL_BYTES = 256  # scalars and the like, which do not count when deciding where a step runs
 
 
@@ -53,6 +64,44 @@ class BackwardSplit:
     def run_w(self, stored: Sequence, direct: Sequence) -> list:
         """The weight gradients from what B stored and the direct inputs (``direct_inputs`` order)."""
         return list(core.jaxpr_as_fun(self.w)(*stored, *direct))
+
+
+def _body(eqn) -> tuple[core.Jaxpr, Sequence] | None:
+    """``(jaxpr, consts)`` of an equation ``inline`` flattens, else None."""
+    if eqn.primitive.name not in NESTED:
+        return None
+    body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    if isinstance(body, core.ClosedJaxpr):
+        return body.jaxpr, body.consts
+    if isinstance(body, core.Jaxpr):
+        return body, ()
+    raise NotImplementedError(f"weight_split cannot inline {eqn.primitive.name}: no jaxpr among its parameters "
+                              f"{sorted(eqn.params)}")
+
+
+def _evaluate(jaxpr: core.Jaxpr, consts: Sequence, args: Sequence) -> list:
+    """``jaxpr`` on ``args``, the bodies of ``NESTED`` equations evaluated in line (recursively)."""
+    env = dict(zip(jaxpr.constvars, consts, strict=True)) | dict(zip(jaxpr.invars, args, strict=True))
+    read = lambda v: v.val if isinstance(v, core.Literal) else env[v]  # noqa: E731
+    for e in jaxpr.eqns:
+        ins = [read(v) for v in e.invars]
+        body = _body(e)
+        if body is not None:
+            outs = _evaluate(*body, ins)
+        else:
+            outs = e.primitive.bind(*ins, **e.primitive.get_bind_params(e.params))
+            outs = outs if e.primitive.multiple_results else [outs]
+        env.update(zip(e.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def inline(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+    """``closed`` with the bodies of its checkpoint, jit, call and custom-derivative equations inlined (recursively):
+    one level of equations computing the same values."""
+    if not any(_body(e) is not None for e in closed.jaxpr.eqns):
+        return closed
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    return jax.make_jaxpr(lambda *args: _evaluate(closed.jaxpr, closed.consts, args))(*avals)
 
 
 def _needed(eqns, outvars) -> list[bool]:
@@ -105,7 +154,9 @@ def split(closed: core.ClosedJaxpr, num_weight_grads: int, direct: Sequence[bool
     """Cut ``closed`` (outputs: ``num_weight_grads`` weight gradients, then input gradients) into B and W.
 
     ``direct[i]``: input ``i`` need not be stored for W (W gets it again). Equations with effects stay in B.
+    Nested bodies (checkpointing, jit, custom derivative rules) are inlined first (``inline``).
     """
+    closed = inline(closed)
     jaxpr = closed.jaxpr
     eqns = jaxpr.eqns
     w_out, b_out = list(jaxpr.outvars[:num_weight_grads]), list(jaxpr.outvars[num_weight_grads:])

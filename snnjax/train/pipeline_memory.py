@@ -10,9 +10,12 @@ Candidates: every valid microbatch count ``M`` (or the configured one) with each
 the order of their estimated step time: the pipeline's (``pipeline_plan.microbatch_options``: ticks x
 (fixed cost + microbatch size)) times ``RECOMPUTE_FACTOR`` for ``units`` (the forward again: about a third
 of a training step). They are compiled in that order, each as the real SPMD step over the whole mesh, and
-the first whose compiled peak per device fits is chosen. The peak falls as ``M`` grows and along the
-plans, so a miss at ``(M, plan)`` rules out, uncompiled, every later candidate with at most ``M``
-microbatches and a plan that keeps at least as much.
+the first whose compiled peak per device fits is chosen. For one plan (and offload) the peak falls as ``M``
+grows (each microbatch in flight is smaller), so a miss at ``(M, plan)`` rules out, uncompiled, the same
+plan with fewer microbatches. Nothing is assumed across plans: under zero-bubble, W's buffers hold each
+weight layer's input and output cotangent under every checkpointing policy, so ``units`` + bits can
+compile a few bytes above ``none`` + bits (``tests/test_memory_search.py`` checks the choice against
+compiling every candidate, on real zero-bubble peaks).
 """
 from __future__ import annotations
 
@@ -51,12 +54,12 @@ def candidates(microbatch_times: Sequence[tuple[int, float]], offload: str = "no
 
 def search(cands: Sequence[PipelineCandidate], compile_for: Callable[[PipelineCandidate], Any],
            budget_bytes: int) -> ms.SearchResult:
-    """The first of ``cands`` whose compiled peak fits ``budget_bytes``, skipping those a miss rules out."""
+    """The first of ``cands`` whose compiled peak fits ``budget_bytes``, skipping those a miss rules out (the same
+    plan and offload with at most the missed microbatch count)."""
     t0 = time.perf_counter()
     tried, misses, chosen, compile_s = [], [], None, 0.0
     for c in cands:
-        rank = PLANS.index(c.settings)
-        if any(c.microbatches <= m and rank <= r for m, r in misses):
+        if any(c.microbatches <= m and (c.settings, c.offload) == plan for m, plan in misses):
             continue
         measured = ms.measure(compile_for, c)
         compile_s += measured.compile_s
@@ -64,7 +67,7 @@ def search(cands: Sequence[PipelineCandidate], compile_for: Callable[[PipelineCa
         if measured.peak_bytes <= budget_bytes:
             chosen = measured
             break
-        misses.append((c.microbatches, rank))
+        misses.append((c.microbatches, (c.settings, c.offload)))
     return ms.SearchResult(chosen, tuple(tried), int(budget_bytes), (time.perf_counter() - t0) * 1e3,
                            compile_s * 1e3, 1.0, len(cands))
 
