@@ -120,7 +120,8 @@ def unit(model: nnx.Module, name: str, owns: tuple[str, ...], module: nnx.Module
     if placement_of is not None:  # parameters in host memory: the unit fetches its own when it runs
         fetched = _owned_params(model, module, owns, placement_of)
         base = jax_policy(policy) or jax.checkpoint_policies.everything_saveable
-        return Unit(name, owns, functools.partial(_streamed, call, param_stream.host_policy(base), module, fetched))
+        return Unit(name, owns, functools.partial(_streamed, name, call, param_stream.host_policy(base), module,
+                                                  fetched))
     if policy == "none":
         return Unit(name, owns, lambda x: call(module, x))
     return Unit(name, owns, functools.partial(_checkpointed, call, jax_policy(policy), module))
@@ -138,7 +139,7 @@ def _owned_params(model: nnx.Module, module: nnx.Module, owns: tuple[str, ...],
     return out
 
 
-def _streamed(call, policy, module, fetched, x):
+def _streamed(name, call, policy, module, fetched, x):
     """``call(module, x)`` with the parameters in ``fetched`` brought from host memory inside a checkpoint whose
     ``policy`` keeps nothing read from host memory (the backward fetches them again). Parameters of ``module``
     that the unit does not own stand in as shapes: a unit never reads another unit's variables."""
@@ -147,8 +148,9 @@ def _streamed(call, policy, module, fetched, x):
 
     def pure(state, x):
         owned, rest = state
-        owned = nnx.State.from_flat_path({k: v.replace(param_stream.fetch(v.get_value(), fetched[_dotted(k)]))
-                                          for k, v in owned.flat_state()})
+        with jax.named_scope(param_stream.scope(name)):  # the transfers carry the unit's name
+            owned = nnx.State.from_flat_path({k: v.replace(param_stream.fetch(v.get_value(), fetched[_dotted(k)]))
+                                              for k, v in owned.flat_state()})
         m = nnx.merge(graphdef, owned, others, rest)
         y = call(m, x)
         return y, nnx.split(m, nnx.Param, ...)[2]

@@ -14,6 +14,7 @@ Values are unchanged: a transfer copies, and recomputing a fetch gives the same 
 from __future__ import annotations
 
 import contextlib
+import re
 import contextvars
 import dataclasses
 import functools
@@ -61,6 +62,11 @@ def active() -> Callable[[str], Placement] | None:
     return _ACTIVE.get()
 
 
+def scope(unit: str) -> str:
+    """The name scope of a unit's fetches (in the step's jaxpr and HLO op names: ``param_fetch[features.3]``)."""
+    return f"param_fetch[{unit}]"
+
+
 def on_host(x) -> bool:
     """Whether array (or tracer) ``x`` lives in host memory."""
     return getattr(jax.typeof(x), "memory_space", None) == jax.memory.Space.Host
@@ -95,3 +101,28 @@ def host_policy(base: Callable) -> Callable:
         return base(prim, *avals, **params)
 
     return policy
+
+
+def transfers(stablehlo: str) -> dict[tuple[str, str, str], int]:
+    """Host <-> device transfers of the units' parameters in a step's StableHLO text (``Lowered.as_text(
+    debug_info=True)``), counted per ``(unit, "forward" | "backward", "to_device" | "to_host")``.
+
+    Only a backend whose memory kinds are separate memories lowers a transfer (``annotate_device_placement``):
+    jax lowers ``device_put`` inside a jitted function to nothing on the CPU, so lower for the GPU
+    (``jitted.trace(...).lower(lowering_platforms=("cuda",))``) to see what a GPU compiles.
+    """
+    locations = dict(re.findall(r"^(#loc\d+) = loc\((.*)\)$", stablehlo, re.M))
+    counts: dict[tuple[str, str, str], int] = {}
+    for line in stablehlo.splitlines():
+        if "annotate_device_placement" not in line:
+            continue
+        loc = re.search(r"loc\((#loc\d+)\)\s*$", line)
+        name = locations.get(loc.group(1), "") if loc else ""
+        unit = re.search(r"param_fetch\[([^\]]+)\]", name)
+        if unit is None:
+            continue
+        phase = "backward" if ("transpose(" in name or "rematted_computation" in name) else "forward"
+        kind = "to_device" if '_xla_buffer_placement = "device"' in line else "to_host"
+        key = (unit.group(1), phase, kind)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
