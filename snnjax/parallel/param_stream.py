@@ -14,10 +14,10 @@ Values are unchanged: a transfer copies, and recomputing a fetch gives the same 
 from __future__ import annotations
 
 import contextlib
-import re
 import contextvars
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterator
 
 import jax

@@ -145,10 +145,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
                          "config.parallel.memory_budget_mb > 0; or set parallel.offload to 'none' or 'opt_state'")
     if c.parallel.offload in ("params", "all"):
         if c.parallel.mode == "pp":
-            raise ValueError(f"config.parallel.offload={c.parallel.offload!r} streams each model unit's parameters from "
-                             "host memory when the unit runs, but mode 'pp' stores each device's stages' parameters "
-                             "packed in one row that every stage reads whole; use parallel.offload='opt_state' with "
-                             "pp, or another mode (e.g. fsdp) to offload the parameters")
+            raise ValueError(f"config.parallel.offload={c.parallel.offload!r} streams each model unit's parameters "
+                             "from host memory when the unit runs, but mode 'pp' stores each device's stages' "
+                             "parameters packed in one row that every stage reads whole; use "
+                             "parallel.offload='opt_state' with pp, or another mode (e.g. fsdp) to offload the "
+                             "parameters")
         if c.parallel.memory_budget_mb > 0:
             raise ValueError(f"config.parallel.offload={c.parallel.offload!r}: the memory search "
                              "(parallel.memory_budget_mb > 0) does not model parameters streamed from host memory; "
