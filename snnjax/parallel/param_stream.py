@@ -35,9 +35,6 @@ class Placement:
     compute: NamedSharding | None = None
     grad: NamedSharding | None = None
 
-    def on_device(self):
-        return self.compute.with_memory_kind("device") if self.compute is not None else jax.memory.Space.Device
-
     def on_host(self):
         return self.grad.with_memory_kind(HOST_KIND) if self.grad is not None else jax.memory.Space.Host
 
@@ -74,8 +71,10 @@ def on_host(x) -> bool:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def fetch(x: jax.Array, placement: Placement) -> jax.Array:
-    """``x`` (host memory) copied to the device in ``placement.compute``; its gradient goes back to host memory."""
-    return jax.device_put(x, placement.on_device())
+    """``x`` (host memory) copied to the device, then put in ``placement.compute`` there (FSDP: the shard is
+    transferred, then all-gathered on the device); its gradient goes back to host memory."""
+    x = jax.device_put(x, jax.memory.Space.Device)
+    return x if placement.compute is None else jax.lax.with_sharding_constraint(x, placement.compute)
 
 
 def _fetch_fwd(x, placement):
