@@ -144,6 +144,10 @@ def test_each_unit_fetches_its_parameters_inside_the_step(x64):
     assert counts.get(("layers.0", "backward", "to_device"), 0) == 0
     assert counts[("layers.1", "backward", "to_device")] == counts[("head", "backward", "to_device")] == 1
     assert sum(counts.values()) == 3 * 2 + 3 * 2 + 2
+    # The compiled (CPU) step takes and returns the six parameters in host memory (memory space S(5))
+    entry = step.lower(state, batch).compile().as_text().split("entry_computation_layout={")[1].split("\n")[0]
+    args, outs = entry.split(")->(")
+    assert args.count("S(5)") == outs.count("S(5)") == 6
     p = parallel.plan(model, "fsdp=8", mode="fsdp").with_offload("all")
     assert "offload=all: parameters (" in str(p) and "each unit's are fetched to the device" in str(p)
     assert "optimizer state (" in str(p) and p.as_dict()["offload"] == "all"
