@@ -14,6 +14,7 @@ from flax import nnx
 from snnjax import parallel
 from snnjax.models import create_model
 from snnjax.parallel import param_stream
+from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train import offload, train_and_evaluate, validate
 from snnjax.train.sharded import apply_plan
 from snnjax.train.step import StepConfig, TrainState, split_model, train_step
@@ -155,7 +156,8 @@ def test_each_unit_fetches_its_parameters_inside_the_step(x64):
 
 def test_the_pipeline_refuses_offloaded_params():
     model = _mlp()
-    p = parallel.plan(model, "stage=2,data=4", mode="pp", global_batch_size=8, input_shape=(3, 8, 12))
+    p = parallel.plan(model, "stage=2,data=4", mode="pp", global_batch_size=8,
+                      pipeline=PipelineOptions(layout="2|1", microbatches=2))
     with pytest.raises(ValueError, match="packed in one row"):
         p.with_offload("params")
     assert p.with_offload("opt_state").offload == "opt_state"
