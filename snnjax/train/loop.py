@@ -483,7 +483,7 @@ class Trainer:
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
-            "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage,
+            "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage, "offload": self.offload,
                          "sequence_parallel": self.plan.strategy.sequence_parallel, "reasons": self.plan.reasons,
                          "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},
                          "collectives": step_cost["collectives"]},
