@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from snnjax.parallel.param_stream import on_host
+
 STORAGE = ("float", "int8", "bits")
 SPIKES = "spikes"  # the checkpoint name of every encoded residual
 
@@ -140,7 +142,7 @@ def after(tree, ct):
     zero = 0.0 * leaf.reshape(-1)[0]
 
     def tie(a):
-        if not jnp.issubdtype(a.dtype, jnp.floating) or jax.typeof(a).memory_space == jax.memory.Space.Host:
+        if not jnp.issubdtype(a.dtype, jnp.floating) or on_host(a):
             return a
         return a + zero.astype(a.dtype)
 

@@ -130,7 +130,9 @@ def unit(model: nnx.Module, name: str, owns: tuple[str, ...], module: nnx.Module
 def _owned_params(model: nnx.Module, module: nnx.Module, owns: tuple[str, ...],
                   placement_of: Callable[[str], param_stream.Placement]) -> dict[str, param_stream.Placement]:
     """``{path in module: placement}`` of the parameters of ``module`` that the unit ``owns`` (paths in ``model``)."""
-    prefix = next(".".join(map(str, path)) for path, node in nnx.iter_graph(model) if node is module)
+    prefix = next((".".join(map(str, path)) for path, node in nnx.iter_graph(model) if node is module), None)
+    if prefix is None:
+        raise ValueError(f"unit {owns} of {type(model).__name__} runs a module that is not part of the model")
     out = {}
     for path, _ in flat_vars(nnx.state(module, nnx.Param)):
         full = f"{prefix}.{path}" if prefix else path
