@@ -275,7 +275,7 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     ("--config.parallel.pp.schedule=pipedream", "config.parallel.pp.schedule='pipedream' is not allowed"),
     ("--config.parallel.memory_budget_mb=-1", "config.parallel.memory_budget_mb must be >= 0"),
     ("--config.parallel.memory_budget_mb=0.01", "no checkpointing plan fits parallel.memory_budget_mb=0.01"),
-    ("--config.parallel.offload=params", "config.parallel.offload='params' is not allowed"),
+    ("--config.parallel.offload=disk", "config.parallel.offload='disk' is not allowed"),
     ("--config.parallel.offload=auto", "config.parallel.offload='auto' lets the memory search decide"),
 ])
 def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):

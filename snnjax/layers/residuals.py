@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from snnjax.parallel.param_stream import on_host
+
 STORAGE = ("float", "int8", "bits")
 SPIKES = "spikes"  # the checkpoint name of every encoded residual
 
@@ -132,11 +134,19 @@ def after(tree, ct):
     The values do not change (a NaN or inf cotangent makes the gradient NaN anyway), but work on them
     now depends on the cotangent: XLA cannot schedule it before the backward gets there, nor fuse it with
     the forward (reading the float input instead of its encoding). XLA:CPU drops optimization barriers
-    early, so those do not serve.
+    early, so those do not serve. Arrays in host memory (parameters offloaded with
+    ``snnjax.parallel.param_stream``) are left as they are: the device cannot compute on them (XLA schedules
+    their transfer to the device).
     """
     leaf = next(a for a in jax.tree.leaves(ct) if jnp.issubdtype(a.dtype, jnp.inexact))
     zero = 0.0 * leaf.reshape(-1)[0]
-    return jax.tree.map(lambda a: a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+    def tie(a):
+        if not jnp.issubdtype(a.dtype, jnp.floating) or on_host(a):
+            return a
+        return a + zero.astype(a.dtype)
+
+    return jax.tree.map(tie, tree)
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)

@@ -33,6 +33,8 @@ from flax import nnx
 
 from snnjax.layers.residuals import SPIKES, STORAGE, after, codec_for, set_input_codec
 from snnjax.models.units import Unit
+from snnjax.parallel import param_stream
+from snnjax.parallel.variables import flat_vars
 
 POLICIES = ("none", "units", "dots_saveable", "spikes")
 
@@ -114,9 +116,54 @@ def unit(model: nnx.Module, name: str, owns: tuple[str, ...], module: nnx.Module
     BatchNorm statistics and RNG counts are updated as without checkpointing).
     """
     policy = memory_settings(model).policy(name)
+    placement_of = param_stream.active()
+    if placement_of is not None:  # parameters in host memory: the unit fetches its own when it runs
+        fetched = _owned_params(model, module, owns, placement_of)
+        base = jax_policy(policy) or jax.checkpoint_policies.everything_saveable
+        return Unit(name, owns, functools.partial(_streamed, name, call, param_stream.host_policy(base), module,
+                                                  fetched))
     if policy == "none":
         return Unit(name, owns, lambda x: call(module, x))
     return Unit(name, owns, functools.partial(_checkpointed, call, jax_policy(policy), module))
+
+
+def _owned_params(model: nnx.Module, module: nnx.Module, owns: tuple[str, ...],
+                  placement_of: Callable[[str], param_stream.Placement]) -> dict[str, param_stream.Placement]:
+    """``{path in module: placement}`` of the parameters of ``module`` that the unit ``owns`` (paths in ``model``)."""
+    prefix = next((".".join(map(str, path)) for path, node in nnx.iter_graph(model) if node is module), None)
+    if prefix is None:
+        raise ValueError(f"unit {owns} of {type(model).__name__} runs a module that is not part of the model")
+    out = {}
+    for path, _ in flat_vars(nnx.state(module, nnx.Param)):
+        full = f"{prefix}.{path}" if prefix else path
+        if any(full == p or full.startswith(p + ".") for p in owns):
+            out[path] = placement_of(full)
+    return out
+
+
+def _streamed(name, call, policy, module, fetched, x):
+    """``call(module, x)`` with the parameters in ``fetched`` brought from host memory inside a checkpoint whose
+    ``policy`` keeps nothing read from host memory (the backward fetches them again). Parameters of ``module``
+    that the unit does not own stand in as shapes: a unit never reads another unit's variables."""
+    graphdef, owned, others, rest = nnx.split(module, lambda path, v: _dotted(path) in fetched, nnx.Param, ...)
+    others = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), others)
+
+    def pure(state, x):
+        owned, rest = state
+        with jax.named_scope(param_stream.scope(name)):  # the transfers carry the unit's name
+            owned = nnx.State.from_flat_path({k: v.replace(param_stream.fetch(v.get_value(), fetched[_dotted(k)]))
+                                              for k, v in owned.flat_state()})
+        m = nnx.merge(graphdef, owned, others, rest)
+        y = call(m, x)
+        return y, nnx.split(m, nnx.Param, ...)[2]
+
+    y, new_rest = _recompute(pure, policy, (owned, rest), x)
+    nnx.update(module, new_rest)
+    return y
+
+
+def _dotted(key: tuple) -> str:
+    return ".".join(map(str, key))
 
 
 def _checkpointed(call, policy, module, x):

@@ -5,7 +5,8 @@ rule tables over logical axis names), ``logical`` (the names models put on their
 parameters and activations, and the layout context), ``layout`` (``StepLayout``:
 a plan as a traced step uses it), ``analyze`` (what a model offers to a plan),
 ``auto`` (``mode="auto"``'s policy), ``describe`` (plans and shardings as text),
-``plan`` (a layout for a model on a mesh), ``report`` (a compiled step's per-device
+``plan`` (a layout for a model on a mesh), ``param_stream`` (parameters offloaded to host memory and
+fetched by each model unit when it runs), ``report`` (a compiled step's per-device
 memory and collectives). Jitting a train step under a plan is ``snnjax.train.apply_plan``.
 """
 from snnjax.parallel.analyze import analyze

@@ -37,6 +37,8 @@ def format_plan(plan: Any) -> str:
     lines.append(f"  per device: parameters {t['param_bytes_per_device']:,} B (of {t['param_bytes']:,}), "
                  f"gradients {t['grad_bytes_per_device']:,} B, optimizer ({plan.opt_slots} slots) "
                  f"{t['optimizer_bytes_per_device']:,} B (replicated: {t['optimizer_bytes_replicated']:,})")
+    if getattr(plan, "offload", "none") != "none":
+        lines.append(_offload_line(plan.offload, t))
     if getattr(plan, "temporal", None):
         lines.append(describe_temporal(plan.temporal))
     if getattr(plan, "pipeline_summary", None):
@@ -45,6 +47,19 @@ def format_plan(plan: Any) -> str:
         size = f"{c['bytes']:,} B" if c.get("bytes") is not None else "activation-sized"
         lines.append(f"  expect {c['kind']} over {'x'.join(c['over'])}: {c['what']} ({size})")
     return "\n".join(lines)
+
+
+def _offload_line(offload: str, totals: dict[str, int]) -> str:
+    """What a plan keeps in host memory between steps (``Plan.with_offload``) and how the step reads it."""
+    parts = []
+    if offload in ("params", "all"):
+        parts.append(f"parameters ({totals['param_bytes_per_device']:,} B per device) in host memory (pinned_host); "
+                     "each unit's are fetched to the device when the unit runs, in the forward and again in its "
+                     "backward, and their gradients written back to host memory")
+    if offload in ("opt_state", "all"):
+        parts.append(f"optimizer state ({totals['optimizer_bytes_per_device']:,} B per device) in host memory "
+                     "(pinned_host), moved to the device for the update")
+    return f"  offload={offload}: " + "; ".join(parts)
 
 
 def describe_shardings(tree, *, title: str | None = None) -> str:

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from snnjax.parallel import auto as auto_lib
 from snnjax.parallel import mesh as mesh_lib
-from snnjax.parallel import pipeline_plan
+from snnjax.parallel import param_stream, pipeline_plan
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel import temporal as temporal_lib
 from snnjax.parallel.analyze import tp_role
@@ -40,6 +40,8 @@ from snnjax.parallel.pipeline import PipelineSpec
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.parallel.stage_params import StagePacking, leaf_stages
 from snnjax.parallel.variables import flat_vars, is_var, path_str, split_state, value
+
+OFFLOADS = ("none", "opt_state", "params", "all")  # what a plan keeps in host memory between steps (with_offload)
 
 # -- plan ---------------------------------------------------------------------------------------
 
@@ -88,6 +90,7 @@ class Plan:
     pipeline: PipelineSpec | None = None  # mode "pp": the pipeline over ``stage`` (snnjax.parallel.pipeline)
     pipeline_summary: dict[str, Any] | None = None  # its schedule, bubble, stage inputs held (pipeline_plan.summary)
     packing: StagePacking | None = None  # mode "pp": each device stores its stages' parameters (stage_params)
+    offload: str = "none"  # what lives in host memory between steps: none, opt_state, params or all (with_offload)
 
     @property
     def rules(self) -> Mapping[str, Any]:
@@ -102,6 +105,25 @@ class Plan:
         """The time split (``snnjax.parallel.temporal.summary``), None without one."""
         return temporal_lib.summary(self.axis_sizes.get("time", 1), self.time_steps, self.time_blocks,
                                     in_pipeline=self.mode == "pp")
+
+    def with_offload(self, offload: str) -> Plan:
+        """This plan with ``offload`` in host memory between steps: ``opt_state`` (the optimizer state),
+        ``params`` (the parameters, each model unit's fetched to the device when it runs, forward and backward:
+        ``snnjax.parallel.param_stream``) or ``all`` (both). The shardings keep their partitioning; only the
+        memory kind changes. Raises ``ValueError`` for a layout that cannot stream its parameters."""
+        if offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {OFFLOADS}, got {offload!r}")
+        if offload in param_stream.PARAM_OFFLOADS and self.packing is not None:
+            raise ValueError(f"offload={offload!r} streams each model unit's parameters from host memory when the "
+                             "unit runs, but under mode 'pp' every device stores its stages' parameters packed in "
+                             "one row that each stage reads whole; use offload='opt_state' with the pipeline, or a "
+                             "mode without one (e.g. fsdp) to offload the parameters")
+        return dataclasses.replace(self, offload=offload)
+
+    @property
+    def streams_params(self) -> bool:
+        """Whether the parameters live in host memory and each unit fetches its own (``with_offload``)."""
+        return self.offload in param_stream.PARAM_OFFLOADS
 
     def layout_of(self, path: str) -> rules_lib.ArrayLayout:
         for p in self.params:
@@ -143,6 +165,7 @@ class Plan:
                 "sequence_parallel": self.strategy.sequence_parallel, "rules": {k: v for k, v in self.rules.items()},
                 "objective": self.objective, "mesh": dict(self.axis_sizes), "reasons": list(self.reasons),
                 "totals": self.totals(), "expected_collectives": self.expected_collectives, "temporal": self.temporal,
+                "offload": self.offload,
                 "params": [p.as_dict() for p in self.params]}
 
     def __str__(self) -> str:
@@ -206,7 +229,10 @@ class Plan:
                                  model_state=self.model_state_shardings(state.model_state),
                                  opt_state=jax.tree.map(lambda x: opt_rows if self.packing.is_packed(x) else replicated,
                                                         state.opt_state))
-        return state.replace(step=replicated, params=self.param_shardings(state.params),
+        params = self.param_shardings(state.params)
+        if self.streams_params:
+            params = jax.tree.map(lambda s: s.with_memory_kind(param_stream.HOST_KIND), params)
+        return state.replace(step=replicated, params=params,
                              rngs=jax.tree.map(lambda _: replicated, state.rngs),
                              model_state=self.model_state_shardings(state.model_state),
                              opt_state=self.opt_state_shardings(tx, state.opt_state, state.params))
@@ -226,6 +252,8 @@ class Plan:
                       grads=self.param_shardings(params, "grad"))
         if self.pipeline is not None:
             kw["pipeline"] = self.pipeline
+        if self.streams_params:
+            kw["stream_params"] = True
         if self.axis_sizes.get("time", 1) > 1:
             return temporal_lib.StepLayout(**kw, time_blocks=self.time_blocks)
         return StepLayout(**kw)

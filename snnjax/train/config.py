@@ -24,7 +24,7 @@ DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
-OFFLOADS = ("none", "opt_state", "auto")
+OFFLOADS = ("none", "opt_state", "params", "all", "auto")
 NONFINITE = ("stop", "skip")  # what a step with a NaN/inf loss or gradient does (snnjax/train/loop.py)
 # none, dp, zero1, zero2, fsdp, tp, fsdp_tp, dp_tp, hybrid (see snnjax.parallel.rules), and auto.
 PARALLEL_MODES = (*_STRATEGY_MODES, "pp", "auto")
@@ -92,10 +92,11 @@ def base_config() -> ml_collections.ConfigDict:
     # spike storage; with mode=pp also the microbatch count) whose compiled peak per device fits this many MiB;
     # parallel.remat must then stay "none". Mode auto also plans its layout for this device memory.
     c.parallel.memory_budget_mb = 0.0
-    # The optimizer state in host memory between steps (FSDP's cpu_offload; snnjax/train/offload.py): none, opt_state,
-    # or auto (with memory_budget_mb: the search offloads when no checkpointing plan fits on its own). On the CPU
-    # backend host and device memory are the same RAM: opt_state runs the transfers and saves nothing, auto never
-    # offloads.
+    # What lives in host memory between steps (FSDP's cpu_offload; snnjax/train/offload.py): none, opt_state (the
+    # optimizer state), params (the parameters; each model unit's are fetched to the device when it runs, forward and
+    # backward: snnjax/parallel/param_stream.py), all (both), or auto (with memory_budget_mb: the search offloads the
+    # optimizer state when no checkpointing plan fits on its own). On the CPU backend host and device memory are the
+    # same RAM: opt_state / params / all run the transfers and save nothing, auto never offloads.
     c.parallel.offload = "none"
     # mode=pp: a pipeline over the mesh axis stage (e.g. mesh=stage=2,data=-1); each stage uses the other axes
     c.parallel.pp = ml_collections.ConfigDict()
@@ -142,6 +143,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.parallel.offload == "auto" and c.parallel.memory_budget_mb <= 0:
         raise ValueError("config.parallel.offload='auto' lets the memory search decide, which needs "
                          "config.parallel.memory_budget_mb > 0; or set parallel.offload to 'none' or 'opt_state'")
+    if c.parallel.offload in ("params", "all"):
+        if c.parallel.mode == "pp":
+            raise ValueError(f"config.parallel.offload={c.parallel.offload!r} streams each model unit's parameters "
+                             "from host memory when the unit runs, but mode 'pp' stores each device's stages' "
+                             "parameters packed in one row that every stage reads whole; use "
+                             "parallel.offload='opt_state' with pp, or another mode (e.g. fsdp) to offload the "
+                             "parameters")
+        if c.parallel.memory_budget_mb > 0:
+            raise ValueError(f"config.parallel.offload={c.parallel.offload!r}: the memory search "
+                             "(parallel.memory_budget_mb > 0) does not model parameters streamed from host memory; "
+                             "set memory_budget_mb=0, or offload 'opt_state' / 'auto' with the search")
     if c.parallel.memory_budget_mb > 0 and (str(c.parallel.remat).strip() != "none"
                                             or c.parallel.spike_residuals != "float"):
         raise ValueError("config.parallel.memory_budget_mb > 0 lets the memory search choose parallel.remat and "

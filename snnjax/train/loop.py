@@ -60,6 +60,8 @@ from snnjax.train.step import StepConfig, TrainState, split_model
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+_OFFLOADED = {"opt_state": "optimizer state", "params": "parameters (fetched per unit)",
+              "all": "parameters (fetched per unit) and optimizer state"}
 
 
 def make_sources(c: ml_collections.ConfigDict):
@@ -162,9 +164,12 @@ class Trainer:
             self.offload = chosen.offload
             if self.plan.mode == "pp":
                 self.plan = self._plan_for(chosen.microbatches)
+        self.plan = self.plan.with_offload(self.offload)
         if self.offload != "none" and not offload_lib.saves_device_memory(self.plan.mesh.devices.flat[0].platform):
+            what = {"opt_state": "the optimizer state moves", "params": "the parameters move",
+                    "all": "the parameters and the optimizer state move"}[self.offload]
             self._log(f"note: parallel.offload={self.offload}: on this backend host memory is the device's own memory, "
-                      "so the optimizer state moves between memory kinds each step and no memory is saved")
+                      f"so {what} between memory kinds each step and no memory is saved")
         graphdef, params, rngs, rest = split_model(model)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=self.tx.init(params))
@@ -406,7 +411,7 @@ class Trainer:
         mesh_desc = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items() if v > 1) or "1 device"
         self._log(f"{c.model.name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
                   f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
-                  f"compiled in {compile_seconds:.1f}s" + (f"; optimizer state offloaded ({self.offload})"
+                  f"compiled in {compile_seconds:.1f}s" + (f"; offloaded to host memory: {_OFFLOADED[self.offload]}"
                                                           if self.offload != "none" else "")
                   + (f"; resuming at step {start}" if start else ""))
         step_cost = parallel.step_report(compiled, self.state)
@@ -484,7 +489,7 @@ class Trainer:
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
-            "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage,
+            "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage, "offload": self.offload,
                          "sequence_parallel": self.plan.strategy.sequence_parallel, "reasons": self.plan.reasons,
                          "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},
                          "collectives": step_cost["collectives"]},

@@ -1,8 +1,11 @@
-"""Host offload of the optimizer state (FSDP's ``cpu_offload``): kept in ``pinned_host`` memory between steps.
+"""Host offload (FSDP's ``cpu_offload``): the optimizer state and / or the parameters kept in ``pinned_host``
+memory between steps.
 
 ``offload="opt_state"``: the step takes and returns the optimizer state in host memory; inside it the
 state is moved to the device for the update and back (``jax.device_put`` to a memory kind, which XLA
-turns into transfers). The values are the same as without offload. Backends without a ``pinned_host``
+turns into transfers). ``offload="params"`` keeps the parameters in host memory and each model unit
+fetches its own when it runs (a plan's part: ``Plan.with_offload``, ``snnjax.parallel.param_stream``);
+``offload="all"`` does both. The values are the same as without offload. Backends without a ``pinned_host``
 memory kind (``host_memory_kind()`` is None) run the step as it is, with a note. On the CPU backend the
 memory kinds exist (``device``, ``pinned_host``) but are the same RAM: the path runs and is tested there,
 only a GPU shows the saving.
@@ -14,7 +17,10 @@ from typing import Any
 import jax
 from jax.sharding import SingleDeviceSharding
 
-OFFLOADS = ("none", "opt_state")  # what may live in host memory between steps
+from snnjax.parallel.param_stream import HOST_KIND, PARAM_OFFLOADS
+
+OFFLOADS = ("none", "opt_state", "params", "all")  # what may live in host memory between steps
+OPT_STATE_OFFLOADS = ("opt_state", "all")
 
 
 def host_memory_kind(device: jax.Device | None = None) -> str | None:
@@ -24,7 +30,7 @@ def host_memory_kind(device: jax.Device | None = None) -> str | None:
         kinds = {m.kind for m in device.addressable_memories()}
     except Exception:  # noqa: BLE001 - backends without memory kinds
         return None
-    return "pinned_host" if "pinned_host" in kinds else None
+    return HOST_KIND if HOST_KIND in kinds else None
 
 
 def check(offload: str) -> None:
@@ -32,9 +38,22 @@ def check(offload: str) -> None:
         raise ValueError(f"offload must be one of {OFFLOADS}, got {offload!r}")
 
 
+def require_host_memory(offload: str) -> None:
+    """ValueError if ``offload`` keeps the parameters in host memory and the backend has none: a step that
+    streams parameters cannot run as it is, so it is refused rather than run without offload."""
+    if offload in PARAM_OFFLOADS and host_memory_kind() is None:
+        raise ValueError(f"offload={offload!r} needs a pinned_host memory kind, which the {jax.default_backend()} "
+                         "backend does not offer; use offload='none'")
+
+
 def state_shardings(state: Any, offload: str, device: jax.Device | None = None):
-    """Single-device shardings of a ``TrainState`` with its optimizer state in host memory (None: no offload)."""
+    """Single-device shardings of a ``TrainState`` with its optimizer state in host memory (None: no offload).
+    Offloading the parameters needs a plan (``snnjax.train.apply_plan``), whose step streams them."""
     check(offload)
+    if offload in PARAM_OFFLOADS:
+        raise ValueError(f"offload={offload!r} keeps the parameters in host memory, which a plan's step streams to "
+                         "the device unit by unit: use snnjax.train.apply_plan (e.g. with parallel.plan(model, "
+                         "'data=1', mode='none'))")
     if offload == "none" or host_memory_kind(device) is None:
         return None
     on_device = SingleDeviceSharding(device or jax.devices()[0])
@@ -46,7 +65,7 @@ def host_opt_state(shardings: Any, offload: str) -> Any:
     state's moved to host memory when ``offload`` says so and the backend has a host memory kind."""
     check(offload)
     kind = host_memory_kind()
-    if offload == "none" or kind is None:
+    if offload not in OPT_STATE_OFFLOADS or kind is None:
         return shardings
     return shardings.replace(opt_state=jax.tree.map(lambda s: s.with_memory_kind(kind), shardings.opt_state))
 
@@ -66,7 +85,7 @@ def to_memory(tree: Any, kind: str) -> Any:
 def wrap_step(step_fn, offload: str):
     """``step_fn(state, batch)`` taking and returning the optimizer state in host memory (``offload``)."""
     check(offload)
-    if offload == "none" or host_memory_kind() is None:
+    if offload not in OPT_STATE_OFFLOADS or host_memory_kind() is None:
         return step_fn
 
     def step(state, batch):

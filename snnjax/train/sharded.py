@@ -30,7 +30,9 @@ def apply_plan(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphD
     the batch keeps the shardings it arrives with (``plan.batch_sharding`` builds them).
     With ``donate`` (default) each step reuses its input state's buffers; arrays of ``state`` that
     ``device_put`` did not need to move are donated too, so do not reuse ``state`` after the first step.
-    ``offload="opt_state"`` keeps the optimizer state in host memory between steps (``snnjax.train.offload``).
+    ``offload``: what lives in host memory between steps (``snnjax.train.offload``): ``opt_state``, ``params``
+    (each model unit's parameters fetched to the device when the unit runs; ``Plan.with_offload``) or ``all``;
+    ``"none"`` keeps the plan's own (``p.offload``)
     Under a pipeline plan the returned state holds the parameters packed per device (``plan.packing``;
     ``plan.packing.unpack_state`` gives back the tree).
     """
@@ -49,6 +51,9 @@ def plan_step(p: Plan, state, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax
               batch_shardings=None, donate: bool = True, offload: str = "none", compiler_options=None):
     """``(state shardings, jitted step)`` for ``state`` (arrays or ``jax.ShapeDtypeStruct``, in the plan's own
     form: packed under a pipeline) as ``apply_plan`` builds them; ``compiler_options`` are added to the plan's."""
+    p = p.with_offload(offload) if offload != "none" else p
+    offload = p.offload
+    offload_lib.require_host_memory(offload)
     shardings = offload_lib.host_opt_state(p.state_shardings(state, tx), offload)
     step_fn = functools.partial(train_step, cfg, graphdef, tx, layout=p.step_layout(state.params))
     step = jax.jit(offload_lib.wrap_step(step_fn, offload),
@@ -59,7 +64,11 @@ def plan_step(p: Plan, state, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax
 
 
 def eval_fn(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef):
-    """The jitted ``eval_step`` under plan ``p`` (parameters gathered as in training)."""
+    """The jitted ``eval_step`` under plan ``p`` (parameters gathered as in training; parameters in host memory
+    are fetched unit by unit, as ``Plan.with_offload`` says)."""
+    on_host = {getattr(getattr(x, "sharding", None), "memory_kind", None) for x in jax.tree.leaves(state.params)}
+    if offload_lib.HOST_KIND in on_host and not p.streams_params:
+        p = p.with_offload("params")
     return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=p.step_layout(state.params)),
                    compiler_options=_compiler_options(p))
 

@@ -9,7 +9,10 @@ Parallel layouts enter through an optional ``snnjax.parallel.StepLayout``: the
 parameters are constrained to their compute layout before the forward (FSDP:
 all-gathered), each gradient to its layout before accumulation and the update
 (ZeRO-2 / FSDP: reduce-scattered), and the layout context (activation rules and
-the mesh, ``snnjax.parallel.logical``) is entered while the step is traced.
+the mesh, ``snnjax.parallel.logical``) is entered while the step is traced. With
+parameters offloaded (``StepLayout.stream_params``) they arrive in host memory, each
+model unit fetches its own when it runs (``snnjax.parallel.param_stream``), their
+gradients come back from host memory for the update, and the new parameters go there.
 
 Every step reports ``metrics["finite"]``: whether its loss and gradient norm
 are finite (a NaN/inf anywhere in the gradients makes the norm non-finite).
@@ -144,7 +147,7 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         y = constrain(batch["labels"], ("batch",))
         (loss_sum, (acc_sum, model_state)), grads = grad_fn(state.params, state.model_state, x, y,
                                                             jnp.zeros((), jnp.int32))
-        grads = layout.constrain_grads(grads)
+        grads = layout.update_grads(grads)
     else:
         xs, ys = _microbatches(x, batch["labels"], k)
 
@@ -152,21 +155,23 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
             grads, model_state, loss_sum, acc_sum = carry
             i, x, y = inp
             (loss, (acc, model_state)), g = grad_fn(state.params, model_state, x, y, i)
-            grads = jax.tree.map(jnp.add, grads, layout.constrain_grads(g))
+            grads = jax.tree.map(jnp.add, grads, layout.update_grads(g))
             return (grads, model_state, loss_sum + loss, acc_sum + acc), None
 
-        zeros = layout.constrain_grads(jax.tree.map(jnp.zeros_like, state.params))
+        zeros = layout.constrain_grads(jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype), state.params))
         init = (zeros, state.model_state, jnp.zeros((), acc_dtype), jnp.zeros((), acc_dtype))
         (grads, model_state, loss_sum, acc_sum), _ = jax.lax.scan(accumulate, init, (jnp.arange(k), xs, ys))
         grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    old_params = layout.update_params(state.params)  # on the device (streamed parameters come from host memory)
+    updates, opt_state = tx.update(grads, state.opt_state, old_params)
+    params = optax.apply_updates(old_params, updates)
     loss, grad_norm = loss_sum / k, optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if cfg.skip_nonfinite:
         params, opt_state, model_state = jax.tree.map(
             lambda new, old: jnp.where(finite, new, old), (params, opt_state, model_state),
-            (state.params, state.opt_state, state.model_state))
+            (old_params, state.opt_state, state.model_state))
+    params = layout.stored_params(params)
     new_state = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
     metrics = {"loss": loss, "accuracy": acc_sum / k, "grad_norm": grad_norm, "finite": finite}
     if cfg.return_grads:
