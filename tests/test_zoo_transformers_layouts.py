@@ -24,12 +24,12 @@ from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
 
-LAYOUTS = {  # name: (mode, mesh, microbatches)
+LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
     "dp": ("dp", "data=8", 1),
     "fsdp_tp": ("fsdp_tp", "fsdp=4,tensor=2", 1),
     "pp_1f1b": ("pp", "stage=2", 2),
-    "time": ("auto", "time=2", 1),
-    "time_data_tensor": ("auto", "time=2,data=2,tensor=2", 1),
+    "time": (None, "time=2", 1),
+    "time_data_tensor": (None, "time=2,data=2,tensor=2", 1),
 }
 
 
