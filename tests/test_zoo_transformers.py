@@ -5,6 +5,7 @@
 - ``snnjax.interop.zoo_transformers``: every key of each shipped case lands on a variable, the
   gradients cover every parameter, and a checkpoint of another architecture, width, depth or
   neuron stops with an error naming the key.
+- Checkpointing every unit with spikes kept as bits changes neither loss nor gradients.
 - ``tests/fixtures/spikingjelly/transformers.npz`` (``make_reference_transformers.py``): eval and
   train logits, loss, every gradient and the BatchNorm statistics after a step, with the neurons
   on ``xla`` and ``native`` (each case with one of them here).
@@ -20,8 +21,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from snnjax import layers
 from snnjax.interop import check, zoo_transformers
-from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, sdt_8_384
+from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, remat, sdt_8_384
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "transformers.npz"
 
@@ -118,3 +120,26 @@ def test_transformers_match_spikingjelly(impl, names, x64):
         assert r["ok"], (name, r)
         assert r["grads_missing"] == 0 and r["grads_checked"] > 30
         assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
+
+
+@pytest.mark.parametrize("name", ["sdt", "qkformer"])
+def test_checkpointing_and_bit_spikes_keep_loss_and_gradients(name, x64):
+    """``remat=spikes`` with ``spike_residuals=bits`` (every layer after a neuron keeps its input as bits or int8)
+    recomputes the rest and gives the same loss and gradients as no checkpointing."""
+    kw = dict(T=2, in_channels=2, num_classes=4, rngs=nnx.Rngs(0), dtype=np.float64, param_dtype=np.float64)
+    model = (SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=1, pooling_stat="1100", **kw)
+             if name == "sdt" else QKFormer(embed_dims=16, num_heads=(1, 2, 2), depths=(1, 1, 1), **kw))
+    x = (jax.random.uniform(jax.random.key(1), (2, 3, 16, 16, 2)) < 0.4).astype(np.float64) * 1.5
+    for _, m in nnx.iter_modules(model):  # BatchNorm scales and shifts that make every layer fire
+        if isinstance(m, layers.BatchNorm):
+            m.scale[...], m.bias[...] = 1.5 * m.scale[...], m.bias[...] + 0.3
+
+    def loss_and_grads(model):
+        return nnx.jit(nnx.value_and_grad(lambda m: jax.numpy.sum(jax.numpy.sin(m(x)))))(model)
+
+    ref_loss, ref_grads = loss_and_grads(model)
+    remat.configure(model, remat="spikes", spike_residuals="bits")
+    got_loss, got_grads = loss_and_grads(model)
+    assert float(ref_loss) != 0 and abs(float(got_loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    for g, r in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-9, atol=1e-12)

@@ -3,7 +3,7 @@
 Tiny widths, T=2, 8 examples: dp (``data=8``), fsdp_tp (``fsdp=4,tensor=2``: whole heads on
 ``tensor``), the 1F1B pipeline over ``stage=2`` (2 microbatches; its reference accumulates the
 same 2 microbatches on one device), temporal parallelism (``time=2``) and one combination
-(``time=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
+(1F1B over ``stage=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
 state and BatchNorm statistics after three Adam steps, must equal one device's (relative error
 <= 1e-9, compared as in ``test_parallel_equivalence``).
 """
@@ -29,7 +29,7 @@ LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
     "fsdp_tp": ("fsdp_tp", "fsdp=4,tensor=2", 1),
     "pp_1f1b": ("pp", "stage=2", 2),
     "time": (None, "time=2", 1),
-    "time_data_tensor": (None, "time=2,data=2,tensor=2", 1),
+    "pp_data_tensor": ("pp", "stage=2,data=2,tensor=2", 2),
 }
 
 
