@@ -10,9 +10,11 @@ spikingjelly, never JAX: it is run as a script and imports its siblings ``peer``
 Models (float32, multi-step mode, the architecture of ``workload.architecture``): ``cifar10dvs_vgg``:
 ``spikingjelly.activation_based.examples.memopt.models.CIFAR10DVSVGG`` at full size, else the same stack of
 its ``VGGBlock``s with the divided widths; ``spikformer_ti``: ``model.spikformer.Spikformer`` on
-``[N, 3, P, P]`` images it repeats T times; ``mlp``: Linear, LIF, Linear. Inputs are ``workload.make_batch``'s,
-transposed to SpikingJelly's layout. One step: ``reset_net``, forward, cross-entropy of the time-mean logits,
-``zero_grad``, backward, ``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with ``torch.cuda.synchronize``.
+``[N, 3, P, P]`` images it repeats T times; ``mlp``: Linear, LIF, Linear; ``sdt`` / ``qkformer``:
+``model.spike_driven_transformer.SpikeDrivenTransformer`` / ``model.qkformer.QKFormer`` likewise (they
+return the time-mean logits). Inputs are ``workload.make_batch``'s, transposed to SpikingJelly's layout.
+One step: ``reset_net``, forward, cross-entropy of the time-mean logits, ``zero_grad``, backward,
+``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with ``torch.cuda.synchronize``.
 """
 from __future__ import annotations
 
@@ -73,6 +75,12 @@ def build(model: str, arch: dict):
                             embed_dims=arch["embed_dims"], num_heads=arch["num_heads"], depths=arch["depths"],
                             mlp_ratio=arch["mlp_ratio"])
         return net, lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))
+    if model in ("sdt", "qkformer"):  # SpikingJelly's own classes; they take [N, C, H, W] and repeat it T times
+        from spikingjelly.activation_based.model.qkformer import QKFormer
+        from spikingjelly.activation_based.model.spike_driven_transformer import SpikeDrivenTransformer
+
+        net = (SpikeDrivenTransformer if model == "sdt" else QKFormer)(**arch)
+        return net, lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))
     (hidden,) = arch["hidden"]
     net = torch.nn.Sequential(layer.Linear(arch["in_features"], hidden),
                               neuron.LIFNode(tau=2.0, detach_reset=True, surrogate_function=surrogate.Sigmoid()),
@@ -113,8 +121,8 @@ def main(argv=None) -> None:
 
     def step() -> float:
         functional.reset_net(net)
-        logits = net(x)  # [T, N, classes]
-        loss = torch.nn.functional.cross_entropy(logits.mean(0), y)
+        logits = net(x)  # [T, N, classes]; SpikingJelly's transformers return their time mean [N, classes]
+        loss = torch.nn.functional.cross_entropy(logits.mean(0) if logits.ndim == 3 else logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

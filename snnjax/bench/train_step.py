@@ -1,6 +1,6 @@
 """Whole-training-step benchmark: snnjax's jitted train step against SpikingJelly's, same model and shapes.
 
-    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp} --batch-size N --T T
+    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer} --batch-size N --T T
         [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
 
@@ -8,7 +8,9 @@ Models at full size (``snnjax.bench.workload``), float32, synthetic data, Adam (
 the time-mean logits:
 - ``cifar10dvs_vgg``: SpikingJelly's CIFAR10DVSVGG widths, event frames ``[T, N, 48, 48, 2]``;
 - ``spikformer_ti``: 256 dims, depth 4, 8 heads, 10 classes, a static ``32 x 32 x 3`` image repeated T times;
-- ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``.
+- ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``;
+- ``sdt``, ``qkformer``: SpikingJelly's ``sdt_8_384`` and ``qkformer_10_384``, 10 classes, a static
+  ``32 x 32 x 3`` image repeated T times.
 
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp")
+MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp", "sdt", "qkformer")
+STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer")  # a static 32 x 32 x 3 image repeated T times
 VGG_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)  # SpikingJelly's CIFAR10DVSVGG
 VGG_POOLS = (False, False, True, False, True, False, True, False)  # an AvgPool2d(2) before these blocks
 
 
 def input_shape(model: str, image_size: int | None = None) -> tuple[int, ...]:
     """Per-example, per-time-step input shape (channels-last); ``image_size`` replaces the frames' side."""
-    shape = {"cifar10dvs_vgg": (48, 48, 2), "spikformer_ti": (32, 32, 3), "mlp": (64,)}[model]
+    shape = {"cifar10dvs_vgg": (48, 48, 2), "mlp": (64,)}.get(model, (32, 32, 3))
     return shape if image_size is None or model == "mlp" else (image_size, image_size, shape[-1])
 
 
@@ -22,7 +23,8 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
     """The model's constructor arguments (snnjax's names) with every hidden width divided by ``width_div``.
 
     ``width_div`` 1 is the full model: SpikingJelly's CIFAR10DVSVGG; Spikformer-Ti (256 dims, depth 4,
-    8 heads, MLP ratio 4) on 32 x 32 x 3 images; the spiking MLP 64 -> 256 -> 10.
+    8 heads, MLP ratio 4) on 32 x 32 x 3 images; the spiking MLP 64 -> 256 -> 10; SpikingJelly's
+    ``sdt_8_384`` and ``qkformer_10_384`` on 32 x 32 x 3 images.
     """
     if width_div < 1:
         raise ValueError(f"width_div must be at least 1, got {width_div}")
@@ -38,6 +40,15 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
                 "in_channels": 3, "num_classes": 10, "T": t}
     if model == "mlp":
         return {"in_features": 64, "hidden": (max(256 // width_div, 1),), "num_classes": 10}
+    if model in ("sdt", "qkformer"):  # SpikingJelly's sdt_8_384 / qkformer_10_384, 10 classes
+        dims = 384 // width_div
+        if dims < 24 or dims % 24:
+            raise ValueError(f"width_div={width_div} leaves {model} {dims} dims; it needs a multiple of 24")
+        if model == "sdt":
+            return {"embed_dims": dims, "num_heads": 8, "depths": 8, "mlp_ratio": 4.0, "pooling_stat": "1111",
+                    "in_channels": 3, "num_classes": 10, "T": t}
+        return {"embed_dims": dims, "num_heads": (6, 6, 6), "depths": (1, 2, 7), "mlp_ratio": 4.0,
+                "qka_type": "token", "in_channels": 3, "num_classes": 10, "T": t}
     raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
 
 
@@ -48,7 +59,7 @@ def make_batch(model: str, batch: int, t: int, seed: int = 0,
     shape = (t, batch, *input_shape(model, image_size))
     if model == "cifar10dvs_vgg":
         x = (rng.random(shape) < 0.3) * rng.integers(1, 4, shape)
-    elif model == "spikformer_ti":
+    elif model in STATIC_IMAGES:
         x = np.broadcast_to(rng.standard_normal((1, *shape[1:])), shape)
     else:
         x = rng.random(shape) * 2.0

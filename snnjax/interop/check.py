@@ -22,8 +22,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
-from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.interop import spikingjelly, zoo_transformers
+from snnjax.models import CIFAR10DVSVGG, QKFormer, SpikeDrivenTransformer, Spikformer
 from snnjax.models.vgg import DEFAULT_POOLS
 from snnjax.neurons import base as B
 from snnjax.neurons import dispatch
@@ -127,7 +127,22 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
                            embed_dims=meta["embed_dims"], num_heads=meta["num_heads"],
                            mlp_ratio=meta.get("mlp_ratio", 4.0), depths=meta["depths"], rngs=rngs)
         return model, jnp.asarray(x.transpose(0, 2, 3, 1))
-    raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer)")
+    if meta["model"] in _TRANSFORMERS:  # x: [N, C, H, W] static image, or [T, N, C, H, W] frames
+        x = arrays["x"]
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["options"].items()}
+        model = _TRANSFORMERS[meta["model"]](T=meta["T"], in_channels=x.shape[-3], num_classes=num_classes,
+                                             **options, rngs=rngs)
+        return model, jnp.asarray(x.transpose((0, 2, 3, 1) if x.ndim == 4 else (0, 1, 3, 4, 2)))
+    raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer, "
+                     f"{', '.join(_TRANSFORMERS)})")
+
+
+_TRANSFORMERS = {"SpikeDrivenTransformer": SpikeDrivenTransformer, "QKFormer": QKFormer}
+
+
+def _logits_error(logits: jax.Array, reference: np.ndarray) -> float:
+    """Logits ``[T, N, K]`` against the reference's, or against its time mean ``[N, K]`` (models that return it)."""
+    return rel_error(logits.mean(0) if reference.ndim == 2 else logits, reference)
 
 
 def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
@@ -140,11 +155,12 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
         if isinstance(module, BaseNode):
             module.impl = impl
     sub = functools.partial(case_arrays, arrays)
-    import_state_dict(model, sub("init/"), dtype=jnp.float64)
+    importer = zoo_transformers if isinstance(model, tuple(zoo_transformers.TABLES)) else spikingjelly
+    importer.import_state_dict(model, sub("init/"), dtype=jnp.float64)
     labels = jnp.asarray(arrays["labels"])
 
     model.eval()
-    out = {"logits_eval": rel_error(nnx.jit(lambda m, x: m(x))(model, x), arrays["logits_eval"])}
+    out = {"logits_eval": _logits_error(nnx.jit(lambda m, x: m(x))(model, x), arrays["logits_eval"])}
 
     model.train()
 
@@ -153,11 +169,11 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
         return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels).mean(), logits
 
     (loss, logits), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model)
-    out["logits_train"] = rel_error(logits, arrays["logits_train"])
+    out["logits_train"] = _logits_error(logits, arrays["logits_train"])
     out["loss_train"] = rel_error(loss, arrays["loss_train"])
 
     flat_grads = dict(nnx.to_flat_state(grads))
-    expected = convert_state_dict(model, sub("grad/"))
+    expected = importer.convert_state_dict(model, sub("grad/"))
     floor = NEGLIGIBLE_GRAD * float(np.sqrt(sum(np.sum(np.square(v)) for v in expected.values())))
     grad_errs = {".".join(map(str, p)): rel_error(flat_grads[p][...], v, floor) for p, v in expected.items()}
     missing = [p for p in flat_grads if p not in expected]
@@ -167,7 +183,7 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
     out["grad_max"], out["grad_worst"] = grad_errs[worst], worst
 
     stats = dict(nnx.to_flat_state(nnx.state(model, nnx.BatchStat)))
-    after = convert_state_dict(model, sub("after_train_step_state/"))
+    after = importer.convert_state_dict(model, sub("after_train_step_state/"))
     out["bn_state_max"] = max(rel_error(stats[p][...], v) for p, v in after.items() if p in stats)
     tracked = [k for k in sub("after_train_step_state/") if k.endswith("num_batches_tracked")]
     if tracked and all(np.array_equal(arrays["init/" + k], arrays["after_train_step_state/" + k]) for k in tracked):

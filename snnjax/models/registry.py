@@ -15,6 +15,8 @@ import ml_collections
 from flax import nnx
 
 from snnjax.models.mlp import SpikingMLP
+from snnjax.models.qkformer import QKFormer
+from snnjax.models.sdt import SpikeDrivenTransformer
 from snnjax.models.spikformer import Spikformer
 from snnjax.models.vgg import CIFAR10DVSVGG, DEFAULT_POOLS
 from snnjax.neurons import IMPLS, set_impl
@@ -87,10 +89,18 @@ def _spikformer_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, 
     return {"in_channels": c, "img_size": (h, w), "num_classes": data.num_classes, "T": data.time_steps}
 
 
+def _transformer_sizes(name: str):
+    def sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+        return {"in_channels": _image(data, name)[2], "num_classes": data.num_classes, "T": data.time_steps}
+    return sizes
+
+
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry(SpikingMLP, _mlp_sizes, ("in_features", "num_classes")),
     "cifar10dvs_vgg": ModelEntry(CIFAR10DVSVGG, _vgg_sizes, ("in_channels", "image_size", "num_classes")),
     "spikformer": ModelEntry(Spikformer, _spikformer_sizes, ("in_channels", "img_size", "num_classes", "T")),
+    "sdt": ModelEntry(SpikeDrivenTransformer, _transformer_sizes("sdt"), ("in_channels", "num_classes", "T")),
+    "qkformer": ModelEntry(QKFormer, _transformer_sizes("qkformer"), ("in_channels", "num_classes", "T")),
 }
 MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}

@@ -1,0 +1,145 @@
+"""Spike-Driven Transformer and QKFormer: SpikingJelly's architectures, weight import, golden data.
+
+- The presets have SpikingJelly's parameter and BatchNorm-statistic counts (counted from
+  SpikingJelly 2.0.0's ``sdt_8_384()`` and ``qkformer_10_384()``).
+- ``snnjax.interop.zoo_transformers``: every key of each shipped case lands on a variable, the
+  gradients cover every parameter, and a checkpoint of another architecture, width, depth or
+  neuron stops with an error naming the key.
+- Checkpointing every unit with spikes kept as bits changes neither loss nor gradients.
+- ``tests/fixtures/spikingjelly/transformers.npz`` (``make_reference_transformers.py``): eval and
+  train logits, loss, every gradient and the BatchNorm statistics after a step, with the neurons
+  on ``xla`` and ``native`` (each case with one of them here).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from snnjax import layers
+from snnjax.interop import check, zoo_transformers
+from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, remat, sdt_8_384
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "transformers.npz"
+
+
+@functools.cache
+def _fixture():
+    cases, arrays = check.load(FIXTURE)
+    return cases, {k: arrays[k] for k in arrays.files}
+
+
+def _case(name):
+    cases, arrays = _fixture()
+    return cases[name], check.case_arrays(arrays, f"{name}/")
+
+
+def _counts(model):
+    def n(kind):
+        return sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(model, kind)))
+    return n(nnx.Param), n(nnx.BatchStat)
+
+
+@pytest.mark.parametrize("preset,params,stats", [(sdt_8_384, 16816744, 57504), (qkformer_10_384, 16472584, 60192)])
+def test_presets_have_spikingjelly_sizes(preset, params, stats):
+    model = nnx.eval_shape(lambda: preset(num_classes=1000, rngs=nnx.Rngs(0)))
+    assert _counts(model) == (params, stats)
+
+
+def _abstract(cls, **kw):
+    """``cls(**kw)`` with shapes only (no parameter values computed)."""
+    return nnx.eval_shape(lambda: cls(**kw, rngs=nnx.Rngs(0)))
+
+
+def test_shapes_units_and_bad_options():
+    m = _abstract(SpikeDrivenTransformer, T=2, in_channels=2, num_classes=5, embed_dims=16, num_heads=2, depths=1,
+                  pooling_stat="1100")
+    assert [u.name for u in m.units()] == ["stages.0", "stages.1", "stages.2", "final", "blocks.0", "head"]
+    assert nnx.eval_shape(lambda m, x: m(x), m, jax.ShapeDtypeStruct((2, 3, 16, 16, 2), np.float32)).shape == (2, 3, 5)
+    q = _abstract(QKFormer, T=2, embed_dims=16, num_heads=(1, 2, 2), depths=(1, 2, 1), num_classes=5)
+    assert [u.name for u in q.units()] == ["patch_embed1", "stage1.0", "patch_embed2", "stage2.0", "stage2.1",
+                                            "patch_embed3", "stage3.0", "head"]
+    assert nnx.eval_shape(lambda m, x: m(x), q, jax.ShapeDtypeStruct((3, 32, 32, 3), np.float32)).shape == (2, 3, 5)
+    with pytest.raises(ValueError, match="pooling_stat"):
+        SpikeDrivenTransformer(pooling_stat="111", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="num_heads"):
+        SpikeDrivenTransformer(embed_dims=32, num_heads=3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="qka_type"):
+        QKFormer(embed_dims=16, num_heads=(1, 1, 1), qka_type="spatial", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="spiking_neuron"):
+        QKFormer(embed_dims=16, num_heads=(1, 1, 1), spiking_neuron="ALIF", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("name", ["sdt", "sdt_events", "qkformer", "qkformer_plif"])
+def test_rule_tables_account_for_every_key(name):
+    meta, arrays = _case(name)
+    model, _ = check.build_model(meta, arrays)
+    init = check.case_arrays(arrays, "init/")
+    zoo_transformers.import_state_dict(model, init)  # every variable given, every key placed
+    grads = zoo_transformers.convert_state_dict(model, check.case_arrays(arrays, "grad/"))
+    params = {p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    assert set(grads) == params
+    stats = [k for k in init if not k.endswith("num_batches_tracked")]
+    assert len(zoo_transformers.convert_state_dict(model, init)) == len(stats)
+
+
+def test_import_errors_name_the_problem():
+    meta, arrays = _case("sdt")
+    init = check.case_arrays(arrays, "init/")
+    opts = dict(meta["options"], T=2, num_classes=10)
+
+    def sdt(**kw):
+        return _abstract(SpikeDrivenTransformer, **{**opts, **kw})
+
+    with pytest.raises(ValueError, match="another width"):
+        zoo_transformers.import_state_dict(sdt(embed_dims=64), init)
+    with pytest.raises(KeyError, match="does not have"):  # the checkpoint has 2 blocks
+        zoo_transformers.import_state_dict(sdt(depths=1), init)
+    with pytest.raises(KeyError, match="does not provide"):
+        zoo_transformers.import_state_dict(sdt(depths=3), init)
+    with pytest.raises(KeyError, match="no counterpart in QKFormer"):
+        zoo_transformers.import_state_dict(_abstract(QKFormer, embed_dims=32, num_heads=(2, 2, 4)), init)
+    with pytest.raises(KeyError, match="PLIF"):  # LIF checkpoint into PLIF model: w missing
+        zoo_transformers.import_state_dict(sdt(spiking_neuron="PLIF"), init)
+    with pytest.raises(TypeError, match="supported: SpikeDrivenTransformer, QKFormer"):
+        zoo_transformers.rules_for(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+
+
+@pytest.mark.parametrize("impl,names", [("xla", ("sdt", "qkformer")), ("native", ("sdt_events", "qkformer_plif"))])
+def test_transformers_match_spikingjelly(impl, names, x64):
+    """Eval/train logits, loss, every parameter gradient, BN statistics after the step. Each impl takes both
+    families, each case one impl (the suite's time; ``python -m snnjax.interop check`` runs all with either)."""
+    cases, arrays = _fixture()
+    for name in names:
+        r = check.check_model_case(cases[name], check.case_arrays(arrays, f"{name}/"), impl)
+        assert r["ok"], (name, r)
+        assert r["grads_missing"] == 0 and r["grads_checked"] > 30
+        assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
+
+
+@pytest.mark.parametrize("name", ["sdt", "qkformer"])
+def test_checkpointing_and_bit_spikes_keep_loss_and_gradients(name, x64):
+    """``remat=spikes`` with ``spike_residuals=bits`` (every layer after a neuron keeps its input as bits or int8)
+    recomputes the rest and gives the same loss and gradients as no checkpointing."""
+    kw = dict(T=2, in_channels=2, num_classes=4, rngs=nnx.Rngs(0), dtype=np.float64, param_dtype=np.float64)
+    model = (SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=1, pooling_stat="1100", **kw)
+             if name == "sdt" else QKFormer(embed_dims=16, num_heads=(1, 2, 2), depths=(1, 1, 1), **kw))
+    x = (jax.random.uniform(jax.random.key(1), (2, 3, 16, 16, 2)) < 0.4).astype(np.float64) * 1.5
+    for _, m in nnx.iter_modules(model):  # BatchNorm scales and shifts that make every layer fire
+        if isinstance(m, layers.BatchNorm):
+            m.scale[...], m.bias[...] = 1.5 * m.scale[...], m.bias[...] + 0.3
+
+    def loss_and_grads(model):
+        return nnx.jit(nnx.value_and_grad(lambda m: jax.numpy.sum(jax.numpy.sin(m(x)))))(model)
+
+    ref_loss, ref_grads = loss_and_grads(model)
+    remat.configure(model, remat="spikes", spike_residuals="bits")
+    got_loss, got_grads = loss_and_grads(model)
+    assert float(ref_loss) != 0 and abs(float(got_loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
+    for g, r in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-9, atol=1e-12)

@@ -1,0 +1,93 @@
+"""Spike-Driven Transformer and QKFormer train under every layout exactly as on one device (float64).
+
+Tiny widths, T=2, 8 examples: dp (``data=8``), fsdp_tp (``fsdp=4,tensor=2``: whole heads on
+``tensor``), the 1F1B pipeline over ``stage=2`` (2 microbatches; its reference accumulates the
+same 2 microbatches on one device), temporal parallelism (``time=2``) and one combination
+(1F1B over ``stage=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
+state and BatchNorm statistics after three Adam steps, must equal one device's (relative error
+<= 1e-9, compared as in ``test_parallel_equivalence``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+
+from snnjax import parallel
+from snnjax.models import QKFormer, SpikeDrivenTransformer
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.step import StepConfig
+
+LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
+    "dp": ("dp", "data=8", 1),
+    "fsdp_tp": ("fsdp_tp", "fsdp=4,tensor=2", 1),
+    "pp_1f1b": ("pp", "stage=2", 2),
+    "time": (None, "time=2", 1),
+    "pp_data_tensor": ("pp", "stage=2,data=2,tensor=2", 2),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64(x64_module):
+    yield
+    _run.cache_clear()
+    _setup.cache_clear()
+
+
+def build(name: str):
+    kw = dict(T=2, in_channels=2, num_classes=10, rngs=nnx.Rngs(0), dtype=jnp.float64, param_dtype=jnp.float64)
+    if name == "sdt":  # 7 units; 2 heads of 8 channels, mlp_ratio 1 (the MLP's inner shortcut)
+        return SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=2, mlp_ratio=1.0, pooling_stat="1100",
+                                      **kw), (2, BATCH, 16, 16, 2)
+    return QKFormer(embed_dims=16, num_heads=(2, 2, 2), depths=(1, 1, 1), mlp_ratio=2.0, **kw), (2, BATCH, 16, 16, 2)
+
+
+@functools.cache
+def _setup(name: str):
+    return initial_state(*build(name))
+
+
+@functools.cache
+def _run(name: str, layout: str | None, microbatches: int = 1):
+    """``(first-step metrics with grads, state after 3 steps)``; layout None: one device."""
+    model, graphdef, tx, host_state, x, y = _setup(name)
+    host_state = jax.tree.map(lambda a: a.copy(), host_state)
+    accum = microbatches if layout is None else 1
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
+                     grad_accum_steps=accum)
+    if layout is None:
+        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
+    else:
+        mode, spec, m = LAYOUTS[layout]
+        size = int(np.prod(list(mesh_lib.parse_mesh_spec(spec).values())))
+        mesh = mesh_lib.make_mesh(spec, jax.devices()[:size])
+        if mode == "pp":
+            plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
+                                 pipeline=PipelineOptions("1f1b", 1, m))
+        else:
+            plan = parallel.plan(model, mesh, mode=mode)
+    first, state, _ = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    if plan.packing is not None:  # each device held its stages' parameters: compare the trees
+        state = plan.packing.unpack_state(state)
+        first = dict(first, grads=plan.packing.unpack(first["grads"]))
+    return jax.device_get(first), jax.device_get(state)
+
+
+@pytest.mark.parametrize("name", ["sdt", "qkformer"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_single_device(name, layout):
+    (first, state), (ref_first, ref_state) = _run(name, layout), _run(name, None, LAYOUTS[layout][2])
+    assert _rel(first["loss"], ref_first["loss"]) <= TOL
+    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise
+    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
+        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
+    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
+    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
+    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
+    assert int(state.step) == 3
