@@ -1,9 +1,9 @@
 """Spike-Driven Transformer and QKFormer train under every layout exactly as on one device (float64).
 
 Tiny widths, T=2, 8 examples: dp (``data=8``), fsdp_tp (``fsdp=4,tensor=2``: whole heads on
-``tensor``), the 1F1B pipeline over ``stage=2`` (2 microbatches; its reference accumulates the
-same 2 microbatches on one device), temporal parallelism (``time=2``) and one combination
-(1F1B over ``stage=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
+``tensor``), the 1F1B pipeline over ``stage=2`` with data and tensor inside each stage (2 microbatches;
+its reference accumulates the same 2 microbatches on one device), and temporal parallelism with data
+and tensor (``time=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
 state and BatchNorm statistics after three Adam steps, must equal one device's (relative error
 <= 1e-9, compared as in ``test_parallel_equivalence``).
 """
@@ -27,9 +27,8 @@ from snnjax.train.step import StepConfig
 LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
     "dp": ("dp", "data=8", 1),
     "fsdp_tp": ("fsdp_tp", "fsdp=4,tensor=2", 1),
-    "pp_1f1b": ("pp", "stage=2", 2),
-    "time": (None, "time=2", 1),
     "pp_data_tensor": ("pp", "stage=2,data=2,tensor=2", 2),
+    "time_data_tensor": (None, "time=2,data=2,tensor=2", 1),
 }
 
 

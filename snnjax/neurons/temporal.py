@@ -317,9 +317,9 @@ def _fwd(static, x, v0, w):
     cfg, ret_seq, _, shards, d, blocks, kernel, mesh = static
     v_spec = P(TIME_AXIS) if ret_seq else P()
     body = functools.partial(_forward_body, cfg, ret_seq, kernel, shards, d, blocks)
-    s, v, v_in = jax.shard_map(body, mesh=mesh, in_specs=(P(TIME_AXIS), P(), P()),
+    s, v, v_in = jax.shard_map(body, mesh=mesh, in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P()),
                                out_specs=(P(TIME_AXIS), v_spec, P(TIME_AXIS)), axis_names={TIME_AXIS},
-                               check_vma=False)(x, v0, w)
+                               check_vma=False)(_device_index(shards), x, v0, w)
     return (s, v), (x, v_in, w)
 
 
@@ -330,13 +330,20 @@ def _bwd(static, res, cts):
     v_spec = P(TIME_AXIS) if ret_seq else P()
     body = functools.partial(_backward_body, cfg, ret_seq, kernel, has_v_init, shards, d, blocks)
     dx, dv0, dw = jax.shard_map(body, mesh=mesh,
-                                in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
+                                in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
                                 out_specs=(P(TIME_AXIS), P(), P()), axis_names={TIME_AXIS},
-                                check_vma=False)(x, v_in, w, ds, dv)
+                                check_vma=False)(_device_index(shards), x, v_in, w, ds, dv)
     return dx, dv0.astype(v_in.dtype), dw
 
 
 _pipelined.defvjp(_fwd, _bwd)
+
+
+def _device_index(shards: int) -> jax.Array:
+    """``[P]`` int32, split over ``time``: each device's block is its own index. Passed in rather than read with
+    ``lax.axis_index``, whose partition-id XLA's SPMD partitioner refuses in some programs with other axes left
+    automatic (a transformer block under time x data x tensor)."""
+    return jnp.arange(shards, dtype=jnp.int32)
 
 
 # --- the exchange between neighbouring devices -----------------------------------------------------------
@@ -396,10 +403,10 @@ def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv):
 # --- the two pipelines ---------------------------------------------------------------------------------------
 
 
-def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, x, v0, w):
+def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, index, x, v0, w):
     """One device: ``x [T/P, *view]`` -> spikes, ``v`` (sequence, or the last device's final state), and
     the start potential of each neuron's segment ``[1, *view]``."""
-    k = jax.lax.axis_index(TIME_AXIS)
+    k = index[0]
     sdt, nb = v0.dtype, blocks.count
     xb, v0b = blocks.split(x, d + 1), blocks.split(v0, d)
     s_buf = jnp.zeros(xb.shape, x.dtype)
@@ -434,9 +441,9 @@ def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, x, v0, w):
     return s, v, blocks.merge(vin_buf, d)[None]
 
 
-def _backward_body(cfg, ret_seq, kernel, has_v_init, shards, d, blocks, x, v_in, w, ds, dv):
+def _backward_body(cfg, ret_seq, kernel, has_v_init, shards, d, blocks, index, x, v_in, w, ds, dv):
     """One device: the reverse pipeline; returns ``dx [T/P, *view]``, ``dv_init [*view]`` and PLIF's ``dw``."""
-    k = jax.lax.axis_index(TIME_AXIS)
+    k = index[0]
     sdt, nb = v_in.dtype, blocks.count
     xb, vinb, dsb = blocks.split(x, d + 1), blocks.split(v_in[0], d), blocks.split(ds, d + 1)
     dvb = blocks.split(dv, d + 1 if ret_seq else d)
