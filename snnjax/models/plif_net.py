@@ -1,7 +1,7 @@
 """SpikingJelly's parametric-LIF networks (``parametric_lif_net``): ``DVSGestureNet``, ``CIFAR10DVSNet``, ``NMNISTNet``.
 
 ``stages`` blocks ``Conv3x3 (no bias) -> BatchNorm -> neuron -> MaxPool(2)`` of ``channels`` channels,
-then ``flatten -> Dropout -> Linear(hidden) -> neuron -> Dropout -> Linear(num_classes * voting_size) ->
+then ``flatten -> Dropout -> Linear(hidden_features) -> neuron -> Dropout -> Linear(num_classes * voting_size) ->
 neuron -> VotingLayer(voting_size)``. The dropouts share their mask over time (SpikingJelly's
 ``layer.Dropout``). Input ``[T, N, H, W, C]``; output ``[T, N, num_classes]``: per step, the mean
 spike of each class's group of neurons (SpikingJelly's DVS Gesture recipe trains it with the MSE
@@ -15,7 +15,7 @@ SpikingJelly       stages  hidden  input  classes x voting
 ``NMNISTNet``      2       2048    34     10 x 10
 =================  ======  ======  =====  =============================
 
-Flattening is ``[H, W, C]`` order here, torch's ``[C, H, W]`` there (the weight import permutes).
+(``hidden`` is ``hidden_features`` here.) Flattening is ``[H, W, C]`` order here, torch's ``[C, H, W]`` there (the weight import permutes).
 Tensor parallelism: the convs alternate column- and row-parallel; ``fc1`` is column-, ``fc2`` row-parallel.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ from snnjax.neurons.surrogate import Surrogate
 from snnjax.parallel.logical import alternate
 
 PRESETS = {
-    "dvsgesture": dict(stages=5, hidden=512, channels=128),
-    "cifar10dvs": dict(stages=4, hidden=512, channels=128),
-    "nmnist": dict(stages=2, hidden=2048, channels=128),
+    "dvsgesture": dict(stages=5, hidden_features=512, channels=128),
+    "cifar10dvs": dict(stages=4, hidden_features=512, channels=128),
+    "nmnist": dict(stages=2, hidden_features=2048, channels=128),
 }
 
 _conv_init = jax.nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")  # torch's Conv2d default
@@ -55,7 +55,7 @@ class ConvStage(nnx.Module):
 class ParametricLIFNet(nnx.Module):
     """The family's network; the SpikingJelly models are ``PRESETS`` (``dvsgesture_net`` etc. below)."""
 
-    def __init__(self, *, stages: int = 5, channels: int = 128, hidden: int = 512, in_channels: int = 2,
+    def __init__(self, *, stages: int = 5, channels: int = 128, hidden_features: int = 512, in_channels: int = 2,
                  image_size: int = 128, num_classes: int = 11, voting_size: int = 10, dropout: float = 0.5,
                  neuron: str = "PLIF", tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: float | None = 0.0, surrogate_function: Surrogate = ATan(), detach_reset: bool = True,
@@ -72,10 +72,10 @@ class ParametricLIFNet(nnx.Module):
                                   for i in range(stages)])
         self.feature_shape = (size, size, channels)
         self.dropout1 = layers.dropout(dropout, share_over_time=True, rngs=rngs)
-        self.fc1 = layers.linear(size * size * channels, hidden, axes=("embed", "mlp"), **kw)
+        self.fc1 = layers.linear(size * size * channels, hidden_features, axes=("embed", "mlp"), **kw)
         self.sn1 = make_neuron(**nrn)
         self.dropout2 = layers.dropout(dropout, share_over_time=True, rngs=rngs)
-        self.fc2 = layers.linear(hidden, num_classes * voting_size, axes=("mlp", "embed"), **kw)
+        self.fc2 = layers.linear(hidden_features, num_classes * voting_size, axes=("mlp", "embed"), **kw)
         self.sn2 = make_neuron(**nrn)
 
     def units(self) -> list[Unit]:
