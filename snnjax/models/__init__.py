@@ -1,7 +1,11 @@
 """Spiking models: input ``[T, N, ...]`` (channels-last), logits ``[T, N, classes]``."""
 from snnjax.models.mlp import SpikingMLP
+from snnjax.models.plif_net import ParametricLIFNet, cifar10dvs_net, dvsgesture_net, nmnist_net
 from snnjax.models.registry import MODELS, create_model
+from snnjax.models.resnet import ResNet, sew_resnet, spiking_resnet
 from snnjax.models.spikformer import Spikformer, spikformer_s, spikformer_ti
 from snnjax.models.vgg import CIFAR10DVSVGG
 
-__all__ = ["CIFAR10DVSVGG", "MODELS", "Spikformer", "SpikingMLP", "create_model", "spikformer_s", "spikformer_ti"]
+__all__ = ["CIFAR10DVSVGG", "MODELS", "ParametricLIFNet", "ResNet", "Spikformer", "SpikingMLP", "cifar10dvs_net",
+           "create_model", "dvsgesture_net", "nmnist_net", "sew_resnet", "spikformer_s", "spikformer_ti",
+           "spiking_resnet"]

@@ -15,7 +15,8 @@ SpikingJelly       stages  hidden  input  classes x voting
 ``NMNISTNet``      2       2048    34     10 x 10
 =================  ======  ======  =====  =============================
 
-(``hidden`` is ``hidden_features`` here.) Flattening is ``[H, W, C]`` order here, torch's ``[C, H, W]`` there (the weight import permutes).
+(``hidden`` is the ``hidden_features`` keyword.) Flattening is ``[H, W, C]`` order here, torch's ``[C, H, W]``
+there (the weight import permutes).
 Tensor parallelism: the convs alternate column- and row-parallel; ``fc1`` is column-, ``fc2`` row-parallel.
 """
 from __future__ import annotations

@@ -179,7 +179,7 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
     kwargs = {**REGISTRY[name].defaults, **kwargs}
     if isinstance(kwargs.get("surrogate_function"), str):
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
-    for key in ("widths", "pools", "hidden"):
+    for key in ("widths", "pools", "hidden", "stage_blocks"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])
     return MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

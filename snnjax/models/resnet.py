@@ -112,12 +112,15 @@ class ResNet(nnx.Module):
     """Spiking ResNet (``cnf=None``) or SEW-ResNet (``cnf`` in ``ADD``, ``AND``, ``IAND``) of ``depth`` 18, 34 or 50.
 
     ``widths``: the four stages' planes (SpikingJelly's 64, 128, 256, 512; the stem has ``widths[0]``
-    channels). The neuron options are those SpikingJelly passes to ``spiking_neuron`` (IF with ATan and
-    ``detach_reset`` by default, the SEW-ResNet paper's ImageNet setting).
+    channels). ``stage_blocks``: blocks per stage (SpikingJelly's ``layers``), by default the depth's
+    (18: 2, 2, 2, 2; 34 and 50: 3, 4, 6, 3); the depth then only picks the block kind. The neuron
+    options are those SpikingJelly passes to ``spiking_neuron`` (IF with ATan and ``detach_reset`` by
+    default, the SEW-ResNet paper's ImageNet setting).
     """
 
     def __init__(self, *, depth: int = 18, cnf: str | None = None, widths: Sequence[int] = DEFAULT_WIDTHS,
-                 in_channels: int = 3, num_classes: int = 1000, zero_init_residual: bool = False,
+                 stage_blocks: Sequence[int] | None = None, in_channels: int = 3, num_classes: int = 1000,
+                 zero_init_residual: bool = False,
                  neuron: str = "IF", tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: float | None = 0.0, surrogate_function: Surrogate = ATan(), detach_reset: bool = True,
                  rngs: nnx.Rngs, dtype=None, param_dtype=None):
@@ -131,6 +134,10 @@ class ResNet(nnx.Module):
                              surrogate_function=surrogate_function, detach_reset=detach_reset)
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         block, counts = DEPTHS[depth]
+        if stage_blocks is not None:
+            if len(stage_blocks) != 4 or min(stage_blocks) < 1:
+                raise ValueError(f"model.stage_blocks must give 4 positive block counts, got {tuple(stage_blocks)}")
+            counts = tuple(stage_blocks)
         self.depth, self.cnf = depth, cnf
         self.conv1 = _conv(in_channels, widths[0], 7, 2, ("embed", "embed"), kw)
         self.bn1, self.sn1 = _bn(widths[0], "embed", kw), make_neuron(**nrn)
