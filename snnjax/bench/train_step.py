@@ -1,6 +1,7 @@
 """Whole-training-step benchmark: snnjax's jitted train step against SpikingJelly's, same model and shapes.
 
-    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp} --batch-size N --T T
+    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sew_resnet18,spiking_resnet18,
+        dvsgesture_plif} --batch-size N --T T
         [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
 
@@ -8,7 +9,9 @@ Models at full size (``snnjax.bench.workload``), float32, synthetic data, Adam (
 the time-mean logits:
 - ``cifar10dvs_vgg``: SpikingJelly's CIFAR10DVSVGG widths, event frames ``[T, N, 48, 48, 2]``;
 - ``spikformer_ti``: 256 dims, depth 4, 8 heads, 10 classes, a static ``32 x 32 x 3`` image repeated T times;
-- ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``.
+- ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``;
+- ``sew_resnet18`` (cnf ADD, PLIF) on event frames ``[T, N, 64, 64, 2]``, ``spiking_resnet18`` (IF) on a static
+  ``32 x 32 x 3`` image, ``dvsgesture_plif`` (DVSGestureNet, PLIF) on event frames ``[T, N, 128, 128, 2]``.
 
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps
@@ -52,7 +55,7 @@ def build_model(model: str, t: int, rngs, *, dtype=None, param_dtype=None, width
     from snnjax.models.registry import create_model
 
     kwargs = architecture(model, t, width_div, image_size)
-    name = {"spikformer_ti": "spikformer"}.get(model, model)
+    name = {"spikformer_ti": "spikformer", "dvsgesture_plif": "dvsgesture_net"}.get(model, model)
     return create_model(name, {**kwargs, **overrides}, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
