@@ -91,9 +91,9 @@ def _zoo_state_dict(case: str) -> dict[str, np.ndarray]:
 
 
 def _fixture_resnet(**overrides):
-    kw = dict(depth=18, cnf="ADD", widths=(2, 4, 8, 16), in_channels=2, num_classes=10, neuron="PLIF",
-              rngs=nnx.Rngs(0))
-    return ResNet(**{**kw, **overrides})
+    """The fixture's SEW-ResNet, its variables abstract (the import gives them values)."""
+    kw = dict(depth=18, cnf="ADD", widths=(2, 4, 8, 16), in_channels=2, num_classes=10, neuron="PLIF")
+    return nnx.eval_shape(lambda: ResNet(**{**kw, **overrides}, rngs=nnx.Rngs(0)))
 
 
 def test_import_covers_every_variable_and_names_the_problem():
@@ -115,8 +115,8 @@ def test_import_covers_every_variable_and_names_the_problem():
 
 def test_plif_net_import_permutes_the_flatten():
     sd = _zoo_state_dict("dvsgesture_net")
-    model = ParametricLIFNet(stages=5, channels=8, hidden_features=32, image_size=64, num_classes=11, dropout=0.0,
-                             rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: ParametricLIFNet(stages=5, channels=8, hidden_features=32, image_size=64,
+                                                    num_classes=11, dropout=0.0, rngs=nnx.Rngs(0)))
     import_state_dict(model, sd)
     w = sd["conv_fc.22.weight"].reshape(32, 8, 2, 2)  # torch flattens [C, H, W]; ours is [H, W, C]
     np.testing.assert_allclose(model.fc1.kernel[...][(1 * 2 + 0) * 8 + 5], w[:, 5, 1, 0], rtol=1e-6)
