@@ -116,8 +116,8 @@ def test_units_checkpointing_keeps_the_gradients():
         def loss(m):
             return jnp.sum(m(x).mean(0) ** 2)
 
-        ref = nnx.grad(loss)(model)
+        ref = nnx.jit(nnx.grad(loss))(model)
         remat.configure(model, remat="units", spike_residuals="int8")
-        got = nnx.grad(loss)(model)
+        got = nnx.jit(nnx.grad(loss))(model)
         for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-12, atol=1e-14)
