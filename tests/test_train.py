@@ -203,7 +203,7 @@ def test_data_a_model_cannot_take_is_named(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_model_registry_sizes_match_their_keys(name):
-    sizes = sizes_from_data(name, DataShape(frame_shape=(16, 16, 2), num_classes=7, time_steps=3))
+    sizes = sizes_from_data(name, DataShape(frame_shape=(32, 32, 2), num_classes=7, time_steps=3))
     assert set(sizes) == set(REGISTRY[name].size_keys) and sizes["num_classes"] == 7
     assert not set(sizes) & set(model_config(name))  # sizes are left to the data
 

@@ -12,8 +12,10 @@ Models (float32, multi-step mode, the architecture of ``workload.architecture``)
 its ``VGGBlock``s with the divided widths; ``spikformer_ti``: ``model.spikformer.Spikformer`` on
 ``[N, 3, P, P]`` images it repeats T times; ``mlp``: Linear, LIF, Linear; ``sdt`` / ``qkformer``:
 ``model.spike_driven_transformer.SpikeDrivenTransformer`` / ``model.qkformer.QKFormer`` likewise (they
-return the time-mean logits). Inputs are ``workload.make_batch``'s, transposed to SpikingJelly's layout.
-One step: ``reset_net``, forward, cross-entropy of the time-mean logits, ``zero_grad``, backward,
+return the time-mean logits); ``sew_resnet18``, ``spiking_resnet18``: ``model.sew_resnet`` /
+``model.spiking_resnet`` with the stem and head resized; ``dvsgesture_plif``:
+``model.parametric_lif_net.DVSGestureNet``. Inputs are ``workload.make_batch``'s, transposed to SpikingJelly's
+layout. One step: ``reset_net``, forward, cross-entropy of the time-mean logits, ``zero_grad``, backward,
 ``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with ``torch.cuda.synchronize``.
 """
 from __future__ import annotations
@@ -60,10 +62,65 @@ def _vgg(arch: dict):
     return VGG()
 
 
+def _stub_torchvision() -> None:
+    """SpikingJelly's ResNet modules import torchvision only for pretrained downloads; where the installed
+    torchvision's compiled ops do not match torch (or it is absent), stand-in modules take its place."""
+    import sys
+    import types
+
+    try:
+        import torchvision.models  # noqa: F401
+        return
+    except (ImportError, RuntimeError):  # a torchvision built for another torch raises RuntimeError
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+
+    def no_download(*args, **kwargs):
+        raise RuntimeError("pretrained weights are not used here")
+
+    for name in ("torchvision", "torchvision.models", "torchvision.models.utils"):
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["torchvision.models.utils"].load_state_dict_from_url = no_download
+
+
+def _zoo(model: str, arch: dict):
+    """SpikingJelly's SEW-ResNet-18 / Spiking ResNet-18 (stem for ``in_channels``, head for ``num_classes``) or
+    DVSGestureNet, multi-step, ATan surrogate and ``detach_reset``; inputs ``[T, N, C, H, W]``."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    cls = {"IF": neuron.IFNode, "PLIF": neuron.ParametricLIFNode}[arch["neuron"]]
+    kw = dict(spiking_neuron=cls, surrogate_function=surrogate.ATan(), detach_reset=True)
+    if model == "dvsgesture_plif":
+        from spikingjelly.activation_based.model import parametric_lif_net as pln
+
+        if arch["image_size"] != 128 or arch["hidden_features"] != 512:
+            raise ValueError("SpikingJelly's DVSGestureNet is fixed to 128 x 128 frames and 512 hidden neurons")
+        net = pln.DVSGestureNet(channels=arch["channels"], **kw)
+    else:
+        if arch["widths"] != (64, 128, 256, 512):
+            raise ValueError("SpikingJelly's ResNets have fixed widths: use --width-div 1")
+        _stub_torchvision()
+        if model == "sew_resnet18":
+            from spikingjelly.activation_based.model import sew_resnet
+
+            net = sew_resnet.sew_resnet18(cnf=arch["cnf"], **kw)
+        else:
+            from spikingjelly.activation_based.model import spiking_resnet
+
+            net = spiking_resnet.spiking_resnet18(**kw)
+        net.conv1 = layer.Conv2d(arch["in_channels"], 64, kernel_size=7, stride=2, padding=3, bias=False)
+        net.fc = layer.Linear(512, arch["num_classes"])
+    functional.set_step_mode(net, "m")
+    return net
+
+
 def build(model: str, arch: dict):
     """``(torch model, converter from our [T, N, ...] numpy batch to its input)``."""
     import torch
     from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    if model in ("sew_resnet18", "spiking_resnet18", "dvsgesture_plif"):
+        return _zoo(model, arch), lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3)))
 
     if model == "cifar10dvs_vgg":
         return _vgg(arch), lambda x: torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 4, 2, 3)))

@@ -1,6 +1,7 @@
 """Whole-training-step benchmark: snnjax's jitted train step against SpikingJelly's, same model and shapes.
 
-    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer} --batch-size N --T T
+    python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer,sew_resnet18,
+        spiking_resnet18,dvsgesture_plif} --batch-size N --T T
         [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
 
@@ -11,6 +12,8 @@ the time-mean logits:
 - ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``;
 - ``sdt``, ``qkformer``: SpikingJelly's ``sdt_8_384`` and ``qkformer_10_384``, 10 classes, a static
   ``32 x 32 x 3`` image repeated T times.
+- ``sew_resnet18`` (cnf ADD, PLIF) on event frames ``[T, N, 64, 64, 2]``, ``spiking_resnet18`` (IF) on a static
+  ``32 x 32 x 3`` image, ``dvsgesture_plif`` (DVSGestureNet, PLIF) on event frames ``[T, N, 128, 128, 2]``.
 
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps
@@ -54,7 +57,7 @@ def build_model(model: str, t: int, rngs, *, dtype=None, param_dtype=None, width
     from snnjax.models.registry import create_model
 
     kwargs = architecture(model, t, width_div, image_size)
-    name = {"spikformer_ti": "spikformer"}.get(model, model)
+    name = {"spikformer_ti": "spikformer", "dvsgesture_plif": "dvsgesture_net"}.get(model, model)
     return create_model(name, {**kwargs, **overrides}, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 

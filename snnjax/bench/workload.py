@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 
-MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp", "sdt", "qkformer")
-STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer")  # a static 32 x 32 x 3 image repeated T times
+MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp", "sdt", "qkformer", "sew_resnet18", "spiking_resnet18",
+          "dvsgesture_plif")
+STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer", "spiking_resnet18")  # a static 32 x 32 x 3 image repeated T times
+EVENT_MODELS = ("cifar10dvs_vgg", "sew_resnet18", "dvsgesture_plif")  # inputs are event counts
 VGG_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)  # SpikingJelly's CIFAR10DVSVGG
 VGG_POOLS = (False, False, True, False, True, False, True, False)  # an AvgPool2d(2) before these blocks
 
 
 def input_shape(model: str, image_size: int | None = None) -> tuple[int, ...]:
     """Per-example, per-time-step input shape (channels-last); ``image_size`` replaces the frames' side."""
-    shape = {"cifar10dvs_vgg": (48, 48, 2), "mlp": (64,)}.get(model, (32, 32, 3))
+    shape = {"cifar10dvs_vgg": (48, 48, 2), "mlp": (64,), "sew_resnet18": (64, 64, 2),
+             "dvsgesture_plif": (128, 128, 2)}.get(model, (32, 32, 3))
     return shape if image_size is None or model == "mlp" else (image_size, image_size, shape[-1])
 
 
@@ -24,7 +27,10 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
 
     ``width_div`` 1 is the full model: SpikingJelly's CIFAR10DVSVGG; Spikformer-Ti (256 dims, depth 4,
     8 heads, MLP ratio 4) on 32 x 32 x 3 images; the spiking MLP 64 -> 256 -> 10; SpikingJelly's
-    ``sdt_8_384`` and ``qkformer_10_384`` on 32 x 32 x 3 images.
+    ``sdt_8_384`` and ``qkformer_10_384`` on 32 x 32 x 3 images; SEW-ResNet-18 (cnf ADD,
+    PLIF neurons) on 64 x 64 CIFAR10-DVS-like event frames; Spiking ResNet-18 (IF neurons) on 32 x 32 x 3
+    images; DVSGestureNet (128 channels, PLIF neurons, 11 classes) on 128 x 128 event frames. The
+    neurons of the three CNN zoo models use the ATan surrogate and ``detach_reset``.
     """
     if width_div < 1:
         raise ValueError(f"width_div must be at least 1, got {width_div}")
@@ -49,15 +55,24 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
                     "in_channels": 3, "num_classes": 10, "T": t}
         return {"embed_dims": dims, "num_heads": (6, 6, 6), "depths": (1, 2, 7), "mlp_ratio": 4.0,
                 "qka_type": "token", "in_channels": 3, "num_classes": 10, "T": t}
+    if model in ("sew_resnet18", "spiking_resnet18"):
+        sew = model == "sew_resnet18"
+        return {"depth": 18, "cnf": "ADD" if sew else None, "widths": tuple(max(w // width_div, 1) for w in
+                                                                          (64, 128, 256, 512)),
+                "in_channels": 2 if sew else 3, "num_classes": 10, "neuron": "PLIF" if sew else "IF"}
+    if model == "dvsgesture_plif":
+        return {"stages": 5, "channels": max(128 // width_div, 1), "hidden_features": max(512 // width_div, 1),
+                "in_channels": 2, "image_size": image_size or 128, "num_classes": 11, "neuron": "PLIF"}
     raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
 
 
 def make_batch(model: str, batch: int, t: int, seed: int = 0,
                image_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(inputs [T, N, ...] float32, labels [N] int32)``: event counts for the VGG, N(0, 1) images otherwise."""
+    """``(inputs [T, N, ...] float32, labels [N] int32)``: event counts for the event models, a static N(0, 1)
+    image repeated over T for the image models, uniform [0, 2) for the MLP."""
     rng = np.random.default_rng(seed)
     shape = (t, batch, *input_shape(model, image_size))
-    if model == "cifar10dvs_vgg":
+    if model in EVENT_MODELS:
         x = (rng.random(shape) < 0.3) * rng.integers(1, 4, shape)
     elif model in STATIC_IMAGES:
         x = np.broadcast_to(rng.standard_normal((1, *shape[1:])), shape)

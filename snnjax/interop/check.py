@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from snnjax.interop import spikingjelly, zoo_transformers
-from snnjax.models import CIFAR10DVSVGG, QKFormer, SpikeDrivenTransformer, Spikformer
+from snnjax.models import CIFAR10DVSVGG, ParametricLIFNet, QKFormer, ResNet, SpikeDrivenTransformer, Spikformer
 from snnjax.models.vgg import DEFAULT_POOLS
 from snnjax.neurons import base as B
 from snnjax.neurons import dispatch
@@ -133,8 +133,29 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
         model = _TRANSFORMERS[meta["model"]](T=meta["T"], in_channels=x.shape[-3], num_classes=num_classes,
                                              **options, rngs=rngs)
         return model, jnp.asarray(x.transpose((0, 2, 3, 1) if x.ndim == 4 else (0, 1, 3, 4, 2)))
+    if meta["model"] in ("ResNet", "ParametricLIFNet"):
+        x = arrays["x"]  # [T, N, C, H, W]
+        if meta.get("input_layout") != "TNCHW":
+            raise ValueError(f"{meta['model']} cases take input_layout TNCHW, got {meta.get('input_layout')!r}")
+        nrn = meta["neuron"]
+        neuron = dict(neuron=nrn["kind"], tau=nrn.get("tau", 2.0), decay_input=nrn.get("decay_input", True),
+                      v_threshold=nrn.get("v_threshold", 1.0), v_reset=nrn.get("v_reset", 0.0),
+                      detach_reset=nrn.get("detach_reset", False),
+                      surrogate_function=parse_surrogate(nrn.get("surrogate", "sigmoid4")))
+        if meta["model"] == "ResNet":
+            model = ResNet(depth=meta["depth"], cnf=meta["cnf"], widths=meta["widths"],
+                           stage_blocks=meta.get("stage_blocks"), in_channels=x.shape[2],
+                           num_classes=num_classes, rngs=rngs, **neuron)
+        else:
+            if x.shape[-1] != x.shape[-2]:
+                raise ValueError(f"ParametricLIFNet cases take square frames, got {x.shape[-2:]}")
+            model = ParametricLIFNet(stages=meta["stages"], channels=meta["channels"],
+                                     hidden_features=meta["hidden_features"], voting_size=meta["voting_size"],
+                                     dropout=meta.get("dropout", 0.0), in_channels=x.shape[2], image_size=x.shape[-1],
+                                     num_classes=num_classes, rngs=rngs, **neuron)
+        return model, jnp.asarray(x.transpose(0, 1, 3, 4, 2))
     raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer, "
-                     f"{', '.join(_TRANSFORMERS)})")
+                     f"ResNet, ParametricLIFNet, {', '.join(_TRANSFORMERS)})")
 
 
 _TRANSFORMERS = {"SpikeDrivenTransformer": SpikeDrivenTransformer, "QKFormer": QKFormer}
@@ -164,8 +185,15 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
 
     model.train()
 
+    loss_kind = meta.get("loss", "ce")
+    if loss_kind not in ("ce", "mse"):
+        raise ValueError(f"case loss must be 'ce' or 'mse', got {loss_kind!r}")
+
     def loss_fn(model):
         logits = model(x)
+        if loss_kind == "mse":  # firing rates against one-hot labels (SpikingJelly's F.mse_loss)
+            one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+            return jnp.mean(jnp.square(logits.mean(0) - one_hot)), logits
         return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels).mean(), logits
 
     (loss, logits), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model)

@@ -18,7 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from snnjax.interop import rules
 from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models.plif_net import ParametricLIFNet
+from snnjax.models.resnet import ResNet
 
 Path = tuple
 Convert = Callable[[np.ndarray], np.ndarray]
@@ -120,7 +123,13 @@ def key_rule(model: nnx.Module) -> Callable[[str], tuple[Path, Convert] | None]:
         return lambda key: _vgg_rule(model, key)
     if isinstance(model, Spikformer):
         return lambda key: _spikformer_rule(model, key)
-    raise TypeError(f"no SpikingJelly mapping for {type(model).__name__}; supported: CIFAR10DVSVGG, Spikformer")
+    if isinstance(model, ResNet):  # SpikingJelly's SpikingResNet / SEWResNet
+        return lambda key: rules.lookup(rules.RESNET, key)
+    if isinstance(model, ParametricLIFNet):  # DVSGestureNet, CIFAR10DVSNet, NMNISTNet
+        table = rules.parametric_lif_net(len(model.features))
+        return lambda key: rules.lookup(table, key, model.feature_shape)
+    raise TypeError(f"no SpikingJelly mapping for {type(model).__name__}; supported: CIFAR10DVSVGG, Spikformer, "
+                    "ResNet (SpikingResNet, SEWResNet), ParametricLIFNet (DVSGestureNet, CIFAR10DVSNet, NMNISTNet)")
 
 
 def convert_state_dict(model: nnx.Module, state_dict: Mapping[str, np.ndarray]) -> dict[Path, np.ndarray]:

@@ -15,7 +15,10 @@ import ml_collections
 from flax import nnx
 
 from snnjax.models.mlp import SpikingMLP
+from snnjax.models.plif_net import PRESETS as PLIF_PRESETS
+from snnjax.models.plif_net import ParametricLIFNet
 from snnjax.models.qkformer import QKFormer
+from snnjax.models.resnet import ResNet
 from snnjax.models.sdt import SpikeDrivenTransformer
 from snnjax.models.spikformer import Spikformer
 from snnjax.models.vgg import CIFAR10DVSVGG, DEFAULT_POOLS
@@ -57,6 +60,7 @@ class ModelEntry:
     build: Callable[..., nnx.Module]
     sizes: Callable[[DataShape, Mapping[str, Any]], dict[str, Any]]
     size_keys: tuple[str, ...]  # the keywords ``sizes`` returns (left out of model_config)
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the preset's constructor keywords
 
 
 def _image(data: DataShape, model: str) -> tuple[int, int, int]:
@@ -95,12 +99,36 @@ def _transformer_sizes(name: str):
     return sizes
 
 
+def _resnet_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    h, w, c = _image(data, "resnet")
+    return {"in_channels": c, "num_classes": data.num_classes}
+
+
+def _plif_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    h, w, c = _image(data, "parametric-LIF net")
+    stages = options.get("stages", 5)
+    if h != w or h < 2 ** stages:
+        raise ValueError(f"the parametric-LIF nets take square frames of at least {2 ** stages}x{2 ** stages} "
+                         f"(model.stages={stages} poolings); the data gives {h}x{w}: resize it (e.g. "
+                         "--config.data.options.size=128) or lower model.stages")
+    return {"in_channels": c, "image_size": h, "num_classes": data.num_classes}
+
+
+_RESNET_SIZES = ("in_channels", "num_classes")
+_PLIF_SIZES = ("in_channels", "image_size", "num_classes")
+
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry(SpikingMLP, _mlp_sizes, ("in_features", "num_classes")),
     "cifar10dvs_vgg": ModelEntry(CIFAR10DVSVGG, _vgg_sizes, ("in_channels", "image_size", "num_classes")),
     "spikformer": ModelEntry(Spikformer, _spikformer_sizes, ("in_channels", "img_size", "num_classes", "T")),
     "sdt": ModelEntry(SpikeDrivenTransformer, _transformer_sizes("sdt"), ("in_channels", "num_classes", "T")),
     "qkformer": ModelEntry(QKFormer, _transformer_sizes("qkformer"), ("in_channels", "num_classes", "T")),
+    **{f"spiking_resnet{d}": ModelEntry(ResNet, _resnet_sizes, _RESNET_SIZES, {"depth": d, "cnf": None})
+       for d in (18, 34, 50)},
+    **{f"sew_resnet{d}": ModelEntry(ResNet, _resnet_sizes, _RESNET_SIZES, {"depth": d, "cnf": "ADD"})
+       for d in (18, 34, 50)},
+    **{f"{name}_net": ModelEntry(ParametricLIFNet, _plif_sizes, _PLIF_SIZES, preset)
+       for name, preset in PLIF_PRESETS.items()},
 }
 MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
@@ -117,7 +145,7 @@ def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | Non
     Raises:
       ValueError: unknown model or option, or data the model cannot take (the message says what to change).
     """
-    options = dict(options or {})
+    options = {**REGISTRY[name].defaults, **(options or {})} if name in REGISTRY else dict(options or {})
     check_model_kwargs(name, options)
     return REGISTRY[name].sizes(data, options)
 
@@ -145,7 +173,7 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
             continue
         if key == "surrogate_function":
             default = sg.name_of(default)
-        c[key] = default
+        c[key] = REGISTRY[name].defaults.get(key, default)
     for key, value in overrides.items():
         c[key] = value
     return c
@@ -165,13 +193,13 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
                  param_dtype=None) -> nnx.Module:
     """``MODELS[name](**kwargs)``; ``surrogate_function`` may be given by name (e.g. ``"atan"``)."""
     check_model_kwargs(name, kwargs)
-    kwargs = dict(kwargs)
+    kwargs = {**REGISTRY[name].defaults, **kwargs}
     impl = kwargs.pop("neuron_impl", COMMON_OPTIONS["neuron_impl"])
     if impl not in IMPLS:
         raise ValueError(f"model.neuron_impl={impl!r} is not a neuron implementation; choose one of {list(IMPLS)}")
     if isinstance(kwargs.get("surrogate_function"), str):
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
-    for key in ("widths", "pools", "hidden"):
+    for key in ("widths", "pools", "hidden", "stage_blocks"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])
     model = MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

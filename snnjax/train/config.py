@@ -21,7 +21,7 @@ from snnjax.parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from snnjax.parallel.rules import MODES as _STRATEGY_MODES
 
 DTYPES = ("float32", "bfloat16", "float64")
-LOSSES = ("ce", "tet")
+LOSSES = ("ce", "tet", "mse")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 OFFLOADS = ("none", "opt_state", "params", "all", "auto")
@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.num_epochs = 10
     c.num_steps = -1  # > 0 overrides num_epochs
     c.grad_accum_steps = 1
-    c.loss = "ce"  # cross-entropy of the time-mean logits, or TET
+    c.loss = "ce"  # cross-entropy of the time-mean logits, TET, or mse (firing rates against one-hot labels)
     c.tet_lambda = 0.0  # TET's MSE weight (towards phi = 1)
 
     c.optimizer = "adam"

@@ -82,10 +82,15 @@ def classification_loss(logits: jax.Array, labels: jax.Array, kind: str = "ce", 
     ``ce``: cross-entropy of the time-mean logits (SpikingJelly's usual objective).
     ``tet``: mean over t of the cross-entropy of each step's logits, plus
     ``tet_lambda`` times the mean squared distance of the logits to 1 (Deng et al., 2022).
+    ``mse``: mean over classes of the squared distance of the time-mean output (a firing rate, e.g. a
+    voting layer's) to the one-hot label (SpikingJelly's DVS Gesture recipe, ``F.mse_loss(out_fr, one_hot)``).
     """
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if kind == "ce":
         return optax.softmax_cross_entropy_with_integer_labels(logits.mean(0), labels)
+    if kind == "mse":
+        one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+        return jnp.mean(jnp.square(logits.mean(0) - one_hot), axis=-1)
     per_step = optax.softmax_cross_entropy_with_integer_labels(logits, labels[None])  # [T, N]
     loss = per_step.mean(0)
     if tet_lambda:

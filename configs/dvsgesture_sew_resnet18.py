@@ -1,0 +1,20 @@
+"""SEW-ResNet-18 (cnf ADD, PLIF neurons) on DVS128 Gesture, T=16 frames of 128x128; batch 16, Adam 1e-3
+with cosine decay, cross-entropy of the time-mean logits."""
+from snnjax.models.registry import model_config
+from snnjax.train.config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.model = model_config("sew_resnet18", cnf="ADD", neuron="PLIF")
+    c.data.name = "dvs128_gesture"
+    c.data.data_dir = "data/dvs128_gesture"
+    c.data.time_steps = 16
+    c.global_batch_size = 16
+    c.num_epochs = 192
+    c.optimizer = "adam"
+    c.learning_rate = 1e-3
+    c.schedule = "cosine"
+    c.log_every_steps = 20
+    c.checkpoint_every_steps = 500
+    return c

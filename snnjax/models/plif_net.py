@@ -1,0 +1,126 @@
+"""SpikingJelly's parametric-LIF networks (``parametric_lif_net``): ``DVSGestureNet``, ``CIFAR10DVSNet``, ``NMNISTNet``.
+
+``stages`` blocks ``Conv3x3 (no bias) -> BatchNorm -> neuron -> MaxPool(2)`` of ``channels`` channels,
+then ``flatten -> Dropout -> Linear(hidden_features) -> neuron -> Dropout -> Linear(num_classes * voting_size) ->
+neuron -> VotingLayer(voting_size)``. The dropouts share their mask over time (SpikingJelly's
+``layer.Dropout``). Input ``[T, N, H, W, C]``; output ``[T, N, num_classes]``: per step, the mean
+spike of each class's group of neurons (SpikingJelly's DVS Gesture recipe trains it with the MSE
+of the time mean against one-hot labels: ``loss="mse"``).
+
+=================  ======  ======  =====  =============================
+SpikingJelly       stages  hidden  input  classes x voting
+=================  ======  ======  =====  =============================
+``DVSGestureNet``  5       512     128    11 x 10 (``Linear(512, 110)``)
+``CIFAR10DVSNet``  4       512     128    10 x 10
+``NMNISTNet``      2       2048    34     10 x 10
+=================  ======  ======  =====  =============================
+
+(``hidden`` is the ``hidden_features`` keyword.) Flattening is ``[H, W, C]`` order here, torch's ``[C, H, W]``
+there (the weight import permutes).
+Tensor parallelism: the convs alternate column- and row-parallel; ``fc1`` is column-, ``fc2`` row-parallel.
+"""
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from snnjax import layers
+from snnjax.models import remat
+from snnjax.models.neuron_choice import make_neuron, neuron_options
+from snnjax.models.units import Unit, run_units
+from snnjax.neurons import ATan
+from snnjax.neurons.surrogate import Surrogate
+from snnjax.parallel.logical import alternate
+
+PRESETS = {
+    "dvsgesture": dict(stages=5, hidden_features=512, channels=128),
+    "cifar10dvs": dict(stages=4, hidden_features=512, channels=128),
+    "nmnist": dict(stages=2, hidden_features=2048, channels=128),
+}
+
+_conv_init = jax.nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")  # torch's Conv2d default
+
+
+class ConvStage(nnx.Module):
+    """``Conv3x3 -> BatchNorm -> neuron -> MaxPool(2)`` on ``[T, N, H, W, C]``."""
+
+    def __init__(self, cin: int, cout: int, neuron: dict, axes: tuple[str, str], kw: dict):
+        self.conv = layers.conv2d(cin, cout, 3, padding=1, use_bias=False, kernel_init=_conv_init, axes=axes, **kw)
+        self.bn = layers.BatchNorm(cout, dtype=kw["dtype"], param_dtype=kw["param_dtype"], axes=axes[1:])
+        self.neuron = make_neuron(**neuron)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return layers.max_pool2d(self.neuron(self.bn(self.conv(x))), 2, 2)
+
+
+class ParametricLIFNet(nnx.Module):
+    """The family's network; the SpikingJelly models are ``PRESETS`` (``dvsgesture_net`` etc. below)."""
+
+    def __init__(self, *, stages: int = 5, channels: int = 128, hidden_features: int = 512, in_channels: int = 2,
+                 image_size: int = 128, num_classes: int = 11, voting_size: int = 10, dropout: float = 0.5,
+                 neuron: str = "PLIF", tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
+                 v_reset: float | None = 0.0, surrogate_function: Surrogate = ATan(), detach_reset: bool = True,
+                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+        size = image_size // 2 ** stages
+        if stages < 1 or size < 1:
+            raise ValueError(f"model.stages={stages} halves image_size={image_size} below 1 pixel: choose larger "
+                             "frames or fewer stages")
+        nrn = neuron_options(neuron, tau=tau, decay_input=decay_input, v_threshold=v_threshold, v_reset=v_reset,
+                             surrogate_function=surrogate_function, detach_reset=detach_reset)
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.voting_size = voting_size
+        self.features = nnx.List([ConvStage(in_channels if i == 0 else channels, channels, nrn, alternate(i), kw)
+                                  for i in range(stages)])
+        self.feature_shape = (size, size, channels)
+        self.dropout1 = layers.dropout(dropout, share_over_time=True, rngs=rngs)
+        self.fc1 = layers.linear(size * size * channels, hidden_features, axes=("embed", "mlp"), **kw)
+        self.sn1 = make_neuron(**nrn)
+        self.dropout2 = layers.dropout(dropout, share_over_time=True, rngs=rngs)
+        self.fc2 = layers.linear(hidden_features, num_classes * voting_size, axes=("mlp", "embed"), **kw)
+        self.sn2 = make_neuron(**nrn)
+
+    def units(self) -> list[Unit]:
+        """Each conv stage (``features.i``), ``fc1`` (flatten, dropout, Linear, neuron), ``fc2`` (dropout, Linear,
+        neuron, voting)."""
+        out = [remat.unit(self, f"features.{i}", (f"features.{i}",), s, _call) for i, s in enumerate(self.features)]
+        return out + [remat.unit(self, "fc1", ("dropout1", "fc1", "sn1"), self, _fc1),
+                      remat.unit(self, "fc2", ("dropout2", "fc2", "sn2"), self, _fc2)]
+
+    def spike_inputs(self) -> list[tuple[nnx.Module, str]]:
+        """The layers that consume spikes (``snnjax.models.remat``): convs after the first (max-pooled spikes),
+        ``fc1`` and ``fc2`` when no dropout scales them."""
+        out = [(s.conv, "binary") for s in list(self.features)[1:]]
+        if self.dropout1.rate == 0:
+            out += [(self.fc1, "binary"), (self.fc2, "binary")]
+        return out
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [T, N, H, W, C_in]`` -> class outputs ``[T, N, num_classes]``."""
+        return run_units(self.units(), x)
+
+
+def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
+    return module(x)
+
+
+def _fc1(model: ParametricLIFNet, x: jax.Array) -> jax.Array:
+    return model.sn1(model.fc1(model.dropout1(layers.flatten_features(x))))
+
+
+def _fc2(model: ParametricLIFNet, x: jax.Array) -> jax.Array:
+    return layers.vote(model.sn2(model.fc2(model.dropout2(x))), model.voting_size)
+
+
+def dvsgesture_net(**kwargs) -> ParametricLIFNet:
+    """SpikingJelly's ``DVSGestureNet`` (128x128 DVS128 Gesture frames, 11 classes)."""
+    return ParametricLIFNet(**{**PRESETS["dvsgesture"], "image_size": 128, "num_classes": 11, **kwargs})
+
+
+def cifar10dvs_net(**kwargs) -> ParametricLIFNet:
+    """SpikingJelly's ``CIFAR10DVSNet`` (128x128 CIFAR10-DVS frames, 10 classes)."""
+    return ParametricLIFNet(**{**PRESETS["cifar10dvs"], "image_size": 128, "num_classes": 10, **kwargs})
+
+
+def nmnist_net(**kwargs) -> ParametricLIFNet:
+    """SpikingJelly's ``NMNISTNet`` (34x34 N-MNIST frames, 10 classes)."""
+    return ParametricLIFNet(**{**PRESETS["nmnist"], "image_size": 34, "num_classes": 10, **kwargs})

@@ -1,0 +1,134 @@
+"""The model zoo (Spiking ResNet, SEW-ResNet, SpikingJelly's parametric-LIF nets): architectures, layers, losses,
+weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``) with the xla and native
+neuron implementations."""
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from snnjax import layers
+from snnjax.interop import check
+from snnjax.interop.spikingjelly import import_state_dict
+from snnjax.models import ParametricLIFNet, ResNet, dvsgesture_net, nmnist_net
+from snnjax.models.registry import DataShape, create_model, model_config, sizes_from_data
+from snnjax.train.step import classification_loss
+
+ZOO = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "zoo.npz"
+
+
+def n_params(model):
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("depth,cnf,params", [(18, None, 11.69e6), (34, "ADD", 21.80e6), (50, "IAND", 25.56e6)])
+def test_resnets_have_torchvisions_sizes(depth, cnf, params):
+    """SpikingJelly's ResNets are torchvision's with neurons: the same parameter counts (IF neurons have none)."""
+    model = nnx.eval_shape(lambda: ResNet(depth=depth, cnf=cnf, rngs=nnx.Rngs(0)))
+    assert n_params(model) == pytest.approx(params, rel=1e-3)
+    assert model.fc.kernel.shape == (512 * (4 if depth == 50 else 1), 1000)
+    assert [len(s) for s in model.stages()] == ([2, 2, 2, 2] if depth == 18 else [3, 4, 6, 3])
+    assert hasattr(model.layer2[0], "downsample_sn") == (cnf is not None)
+
+
+def test_plif_net_presets_are_spikingjellys():
+    g = nnx.eval_shape(lambda: dvsgesture_net(rngs=nnx.Rngs(0)))
+    assert len(g.features) == 5 and g.fc1.kernel.shape == (128 * 4 * 4, 512) and g.fc2.kernel.shape == (512, 110)
+    assert type(g.sn1).__name__ == "ParametricLIFNode" and g.dropout1.broadcast_dims == (0,)
+    n = nnx.eval_shape(lambda: nmnist_net(rngs=nnx.Rngs(0)))
+    assert n.fc1.kernel.shape == (128 * 8 * 8, 2048) and n.fc2.kernel.shape == (2048, 100)  # 34 -> 17 -> 8
+
+
+def test_registry_sizes_and_errors():
+    data = DataShape((64, 64, 2), 11, 4)
+    assert sizes_from_data("sew_resnet18", data) == {"in_channels": 2, "num_classes": 11}
+    assert model_config("sew_resnet50").cnf == "ADD" and model_config("sew_resnet50").depth == 50
+    assert model_config("spiking_resnet34").cnf is None
+    assert model_config("nmnist_net").stages == 2
+    with pytest.raises(ValueError, match="at least 128x128"):
+        sizes_from_data("dvsgesture_net", data, {"stages": 7})
+    with pytest.raises(ValueError, match="cnf must be None"):
+        create_model("sew_resnet18", {"cnf": "OR", "in_channels": 2, "num_classes": 3}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="model.neuron must be one of"):
+        create_model("nmnist_net", {"neuron": "Izhikevich"}, rngs=nnx.Rngs(0))
+
+
+def test_sew_connect_and_voting():
+    a, b = jnp.array([0.0, 0.0, 1.0, 1.0]), jnp.array([0.0, 1.0, 0.0, 1.0])
+    assert layers.sew_connect(a, b, "ADD").tolist() == [0, 1, 1, 2]
+    assert layers.sew_connect(a, b, "AND").tolist() == [0, 0, 0, 1]
+    assert layers.sew_connect(a, b, "IAND").tolist() == [0, 0, 1, 0]
+    x = jnp.arange(12.0).reshape(1, 12)
+    assert layers.vote(x, 4).tolist() == [[1.5, 5.5, 9.5]]
+    with pytest.raises(ValueError, match="multiple of 5"):
+        layers.vote(x, 5)
+
+
+def test_mse_loss_is_spikingjellys_rate_loss():
+    out = jax.random.uniform(jax.random.key(0), (4, 3, 11))
+    labels = jnp.array([0, 5, 10])
+    rate = out.mean(0)
+    want = jnp.mean(jnp.square(rate - jax.nn.one_hot(labels, 11)), axis=-1)
+    np.testing.assert_allclose(classification_loss(out, labels, "mse"), want, rtol=1e-6)
+
+
+def test_resnet_trains_a_step_with_spikes_reaching_the_head():
+    model = ResNet(depth=18, cnf="ADD", widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
+                   num_classes=5, neuron="PLIF", rngs=nnx.Rngs(0))
+    x = (jax.random.uniform(jax.random.key(1), (2, 2, 16, 16, 2)) < 0.5).astype(jnp.float32) * 2
+    grads = nnx.jit(nnx.grad(lambda m: m(x).mean(0)[:, 0].sum()))(model)
+    assert float(jnp.abs(grads["conv1"]["kernel"][...]).sum()) > 0  # surrogate gradients reach the stem
+    assert float(jnp.abs(grads["layer1"][0]["sn1"]["w"][...])) > 0  # PLIF's time constant learns
+
+
+def _zoo_state_dict(case: str) -> dict[str, np.ndarray]:
+    with np.load(ZOO) as arrays:
+        return check.case_arrays(arrays, f"{case}/init/")
+
+
+def _fixture_resnet(**overrides):
+    """The fixture's SEW-ResNet, its variables abstract (the import gives them values)."""
+    kw = dict(depth=18, cnf="ADD", widths=(2, 4, 8, 16), in_channels=2, num_classes=10, neuron="PLIF")
+    return nnx.eval_shape(lambda: ResNet(**{**kw, **overrides}, rngs=nnx.Rngs(0)))
+
+
+def test_import_covers_every_variable_and_names_the_problem():
+    sd = _zoo_state_dict("sew_resnet18_add")
+    model = _fixture_resnet()
+    import_state_dict(model, sd)
+    np.testing.assert_allclose(model.layer2[0].downsample_conv.kernel[...],
+                               sd["layer2.0.downsample.0.weight"].transpose(2, 3, 1, 0), rtol=1e-6)
+    np.testing.assert_allclose(model.layer3[1].sn2.w[...], sd["layer3.1.sn2.w"], rtol=1e-6)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        import_state_dict(_fixture_resnet(widths=(2, 4, 8, 32)), sd)
+    with pytest.raises(KeyError, match="does not provide"):  # a ResNet-34's blocks are not in a ResNet-18's weights
+        import_state_dict(_fixture_resnet(depth=34), sd)
+    with pytest.raises(KeyError, match="does not exist in the model"):  # PLIF weights into IF neurons
+        import_state_dict(_fixture_resnet(neuron="IF"), sd)
+    with pytest.raises(KeyError, match="no counterpart"):
+        import_state_dict(_fixture_resnet(), {**sd, "layer1.0.attn.weight": np.zeros(3)})
+
+
+def test_plif_net_import_permutes_the_flatten():
+    sd = _zoo_state_dict("dvsgesture_net")
+    model = nnx.eval_shape(lambda: ParametricLIFNet(stages=5, channels=8, hidden_features=32, image_size=64,
+                                                    num_classes=11, dropout=0.0, rngs=nnx.Rngs(0)))
+    import_state_dict(model, sd)
+    w = sd["conv_fc.22.weight"].reshape(32, 8, 2, 2)  # torch flattens [C, H, W]; ours is [H, W, C]
+    np.testing.assert_allclose(model.fc1.kernel[...][(1 * 2 + 0) * 8 + 5], w[:, 5, 1, 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["xla", "native"])
+def test_zoo_matches_spikingjelly(impl, x64):
+    """Every family: eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics."""
+    cases, arrays = check.load(ZOO)
+    results = dict(check.iter_cases(cases, arrays, impl))
+    assert set(results) == {"spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net"}
+    for name, r in results.items():
+        assert r["ok"], (name, r)
+        assert r["grads_missing"] == 0 and r["grads_checked"] > 20
+        assert r["logits_train"] < 1e-12 and r["bn_state_max"] < 1e-12

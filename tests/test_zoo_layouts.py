@@ -1,0 +1,123 @@
+"""The model zoo under every kind of layout trains exactly like one device (float64, 8 host devices).
+
+One small model per family (SEW-ResNet with PLIF neurons, a parametric-LIF voting net with
+shared-over-time dropout and the MSE rate loss), each trained three Adam steps under dp, fsdp_tp, a
+1F1B pipeline over two stages (against one device with the same microbatching), time=2, and
+time x data x tensor (Spiking ResNet with IF neurons: the last only; SEW-ResNet fails to compile
+there, marked below): the first step's loss and gradients and the
+parameters, optimizer state and BatchNorm statistics after three steps equal one device's
+(relative error <= 1e-9, compared as in ``test_parallel_equivalence``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+
+from snnjax import parallel
+from snnjax.models import ParametricLIFNet, ResNet, remat
+from snnjax.parallel import mesh as mesh_lib
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.step import StepConfig
+
+SHAPE = (2, BATCH, 16, 16, 2)
+MICROBATCHES = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64(x64_module):
+    yield
+    _run.cache_clear()
+    _setup.cache_clear()
+
+
+def build(family: str):
+    kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
+    if family == "plif_net":
+        return ParametricLIFNet(stages=2, channels=4, hidden_features=8, image_size=16, num_classes=10,
+                                voting_size=2, dropout=0.25, **kw)
+    cnf, neuron = ("ADD", "PLIF") if family == "sew_resnet" else (None, "IF")
+    return ResNet(depth=18, cnf=cnf, widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
+                  num_classes=10, neuron=neuron, **kw)
+
+
+@functools.cache
+def _setup(family: str):
+    return initial_state(build(family), SHAPE)
+
+
+@functools.cache
+def _run(family: str, layout: str | None, accum: int = 1):
+    """``(first-step metrics with grads, state after 3 steps)`` under ``layout`` (None: one device)."""
+    model, graphdef, tx, host_state, x, y = _setup(family)
+    host_state = jax.tree.map(lambda a: a.copy(), host_state)
+    loss = "mse" if family == "plif_net" else "ce"
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True, loss=loss,
+                     grad_accum_steps=accum)
+    if layout is None:
+        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
+    else:
+        spec, mode = layout.split(":") if ":" in layout else (layout, None)
+        size = int(np.prod(list(mesh_lib.parse_mesh_spec(spec).values())))
+        mesh = mesh_lib.make_mesh(spec, jax.devices()[:size])
+        if mode == "pp":
+            plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
+                                 pipeline=PipelineOptions("1f1b", 1, MICROBATCHES))
+        else:
+            plan = parallel.plan(model, mesh, mode=mode) if mode else parallel.plan(model, mesh)
+    first, state, _ = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    if plan.packing is not None:
+        state = plan.packing.unpack_state(state)
+        first = dict(first, grads=plan.packing.unpack(first["grads"]))
+    return jax.device_get(first), jax.device_get(state)
+
+
+LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2:pp", "time=2", "time=2,data=2,tensor=2"]
+
+
+# XLA refuses to compile the time-pipelined neurons (snnjax.neurons.temporal) of SEW-ResNet's shortcut neuron
+# (``downsample_sn``, after the strided 1x1 projection) once another mesh axis is split beside time: the
+# partition id the pipeline reads is left outside its manual region. time=2 alone, and the same layouts for
+# Spiking ResNet and the parametric-LIF net, compile and match.
+_TEMPORAL_BUG = pytest.mark.xfail(strict=True, raises=jax.errors.JaxRuntimeError,
+                                  reason="PartitionId outside the temporal shard_map for SEW's shortcut neuron")
+# Spiking ResNet is the same class as SEW-ResNet (another cnf and neuron): it runs under the combination only.
+CASES = [(f, layout) for f in ("sew_resnet", "plif_net") for layout in LAYOUTS[:-1]]
+CASES += [pytest.param("sew_resnet", LAYOUTS[-1], marks=_TEMPORAL_BUG), ("plif_net", LAYOUTS[-1]),
+          ("spiking_resnet", LAYOUTS[-1])]
+
+
+@pytest.mark.parametrize("family,layout", CASES)
+def test_layout_matches_single_device(family, layout):
+    pp = layout.endswith(":pp")
+    (ref_first, ref_state), (first, state) = _run(family, None, MICROBATCHES if pp else 1), _run(family, layout)
+    assert float(jnp.abs(ref_first["loss"])) > 0
+    assert _rel(first["loss"], ref_first["loss"]) <= TOL
+    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # conv biases before BatchNorm: zero, rounding noise
+    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
+        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
+    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
+    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
+    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
+
+
+def test_units_checkpointing_keeps_the_gradients():
+    """Per-unit activation checkpointing (``remat``) on each family gives the same loss and gradients."""
+    x = (jax.random.uniform(jax.random.key(1), SHAPE) < 0.4).astype(jnp.float64) * 1.5
+    for family in ("sew_resnet", "plif_net"):
+        model = build(family)
+        model.eval()  # no dropout draw: both runs see the same function
+
+        def loss(m):
+            return jnp.sum(m(x).mean(0) ** 2)
+
+        ref = nnx.jit(nnx.grad(loss))(model)
+        remat.configure(model, remat="units", spike_residuals="int8")
+        got = nnx.jit(nnx.grad(loss))(model)
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-12, atol=1e-14)
