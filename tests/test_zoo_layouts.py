@@ -2,9 +2,9 @@
 
 One small model per family (SEW-ResNet with PLIF neurons, a parametric-LIF voting net with
 shared-over-time dropout and the MSE rate loss), each trained three Adam steps under dp, fsdp_tp, a
-1F1B pipeline over two stages (against one device with the same microbatching), time=2, and
-time x data x tensor (Spiking ResNet with IF neurons: the last only; SEW-ResNet fails to compile
-there, marked below): the first step's loss and gradients and the
+1F1B pipeline over stage=2 with data x tensor inside (against one device with the same microbatching),
+and time x data x tensor (Spiking ResNet with IF neurons: the last only): the first step's loss and
+gradients and the
 parameters, optimizer state and BatchNorm statistics after three steps equal one device's
 (relative error <= 1e-9, compared as in ``test_parallel_equivalence``).
 """
@@ -77,19 +77,10 @@ def _run(family: str, layout: str | None, accum: int = 1):
     return jax.device_get(first), jax.device_get(state)
 
 
-LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2:pp", "time=2", "time=2,data=2,tensor=2"]
-
-
-# XLA refuses to compile the time-pipelined neurons (snnjax.neurons.temporal) of SEW-ResNet's shortcut neuron
-# (``downsample_sn``, after the strided 1x1 projection) once another mesh axis is split beside time: the
-# partition id the pipeline reads is left outside its manual region. time=2 alone, and the same layouts for
-# Spiking ResNet and the parametric-LIF net, compile and match.
-_TEMPORAL_BUG = pytest.mark.xfail(strict=True, raises=jax.errors.JaxRuntimeError,
-                                  reason="PartitionId outside the temporal shard_map for SEW's shortcut neuron")
-# Spiking ResNet is the same class as SEW-ResNet (another cnf and neuron): it runs under the combination only.
-CASES = [(f, layout) for f in ("sew_resnet", "plif_net") for layout in LAYOUTS[:-1]]
-CASES += [pytest.param("sew_resnet", LAYOUTS[-1], marks=_TEMPORAL_BUG), ("plif_net", LAYOUTS[-1]),
-          ("spiking_resnet", LAYOUTS[-1])]
+# pp and the time split each with data x tensor inside (the combination), besides dp and fsdp_tp.
+LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2,data=2,tensor=2:pp", "time=2,data=2,tensor=2"]
+# Spiking ResNet is the same class as SEW-ResNet (another cnf and neuron): it runs under the time combination only.
+CASES = [(f, layout) for f in ("sew_resnet", "plif_net") for layout in LAYOUTS] + [("spiking_resnet", LAYOUTS[-1])]
 
 
 @pytest.mark.parametrize("family,layout", CASES)
