@@ -122,12 +122,15 @@ def test_plif_net_import_permutes_the_flatten():
     np.testing.assert_allclose(model.fc1.kernel[...][(1 * 2 + 0) * 8 + 5], w[:, 5, 1, 0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["xla", "native"])
-def test_zoo_matches_spikingjelly(impl, x64):
-    """Every family: eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics."""
+@pytest.mark.parametrize("impl,names", [("xla", ("spiking_resnet18", "dvsgesture_net")),
+                                        ("native", ("sew_resnet18_add", "sew_resnet50_iand"))])
+def test_zoo_matches_spikingjelly(impl, names, x64):
+    """Every family: eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics. Each
+    case runs with one implementation here (the suite's time); ``python -m snnjax.interop check`` runs all with
+    either."""
     cases, arrays = check.load(ZOO)
-    results = dict(check.iter_cases(cases, arrays, impl))
-    assert set(results) == {"spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net"}
+    assert set(cases) == {"spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net"}
+    results = dict(check.iter_cases({name: cases[name] for name in names}, arrays, impl))
     for name, r in results.items():
         assert r["ok"], (name, r)
         assert r["grads_missing"] == 0 and r["grads_checked"] > 20
