@@ -1,8 +1,8 @@
 """Stateless layers applied to time-major ``[T, N, ...]`` tensors as one merged batch."""
 from snnjax.layers.batchnorm import BatchNorm
-from snnjax.layers.conv import conv2d, flatten_features, linear, linear_general
+from snnjax.layers.conv import Flatten, conv2d, flatten_features, linear, linear_general
 from snnjax.layers.dropout import dropout
 from snnjax.layers.pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d
 
-__all__ = ["AvgPool2d", "BatchNorm", "MaxPool2d", "avg_pool2d", "conv2d", "dropout", "flatten_features", "linear",
-           "linear_general", "max_pool2d"]
+__all__ = ["AvgPool2d", "BatchNorm", "Flatten", "MaxPool2d", "avg_pool2d", "conv2d", "dropout", "flatten_features",
+           "linear", "linear_general", "max_pool2d"]

@@ -108,6 +108,20 @@ class Checkpointer:
                                        model_state=saved["model_state"], opt_state=saved["opt_state"])
         return state, dict(restored["meta"])
 
+    def restore_raw(self, step: int) -> dict[str, Any]:
+        """The saved part of checkpoint ``step`` as nested dicts of arrays (no template: ``step``, ``params``,
+        ``model_state``, ``opt_state``), for reading a model's weights without its optimizer."""
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # saved under any layout, read onto one
+        try:
+            saved = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state").item_metadata
+            abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
+            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                          meta=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many types for unreadable data
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} could not be read (corrupt or "
+                                  f"incomplete): {type(e).__name__}: {e}") from e
+        return dict(restored["state"])
+
     def close(self) -> None:
         """Wait for the last save (``CheckpointError`` if it failed) and release the manager."""
         try:
