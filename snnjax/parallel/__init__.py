@@ -10,7 +10,7 @@ a plan as a traced step uses it), ``analyze`` (what a model offers to a plan),
 """
 from snnjax.parallel.analyze import analyze
 from snnjax.parallel.auto import OBJECTIVES, infer_mode
-from snnjax.parallel.describe import describe_shardings
+from snnjax.parallel.describe import describe_shardings, describe_stage_rows, shard_blocks, stage_rows
 from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import LOGICAL_AXES, annotate, constrain, logical_axes
 from snnjax.parallel.mesh import AXES, make_mesh
@@ -20,5 +20,6 @@ from snnjax.parallel.report import collective_stats, format_report, memory_stats
 from snnjax.parallel.rules import MODES, STRATEGIES, Strategy, get_strategy
 
 __all__ = ["AXES", "LOGICAL_AXES", "MODES", "OBJECTIVES", "PipelineOptions", "Plan", "STRATEGIES", "StepLayout",
-           "Strategy", "analyze", "annotate", "collective_stats", "constrain", "describe_shardings", "format_report",
-           "get_strategy", "infer_mode", "logical_axes", "make_mesh", "memory_stats", "plan", "step_report"]
+           "Strategy", "analyze", "annotate", "collective_stats", "constrain", "describe_shardings",
+           "describe_stage_rows", "format_report", "get_strategy", "infer_mode", "logical_axes", "make_mesh",
+           "memory_stats", "plan", "shard_blocks", "stage_rows", "step_report"]
