@@ -7,6 +7,7 @@ same loss and parameters.
 """
 from __future__ import annotations
 
+import json
 import warnings
 
 import jax
@@ -19,6 +20,7 @@ from flax import nnx
 import snnjax
 from snnjax import layers, parallel
 from snnjax.neurons import LIFNode
+from snnjax.train import Trainer, base_config
 from snnjax.train.checkpoint import CheckpointError
 
 
@@ -148,3 +150,24 @@ def test_the_package_exports_what_a_notebook_needs():
     assert snnjax.PipelineOptions is parallel.PipelineOptions
     assert parallel.AXES == ("data", "fsdp", "tensor", "stage", "time")
     assert "time" in parallel.__doc__.splitlines()[0]
+
+
+def test_the_config_trainer_takes_a_users_model_and_logs_firing_rates(tmp_path):
+    c = base_config()  # digits: [N, 8, 8, 1] images, repeated over T = 4 steps
+    c.num_steps, c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps, c.global_batch_size = 4, 2, 4, 4, 32
+    c.monitor.firing_rates = True
+    rngs = nnx.Rngs(0)
+    mine = snnjax.Sequential(layers.Flatten(), layers.linear(64, 32, rngs=rngs), LIFNode(step_mode="m"),
+                             layers.linear(32, 10, rngs=rngs))
+    trainer = Trainer(c, tmp_path, model=mine)
+    summary = trainer.run()
+    assert summary["model"] == "Sequential" and summary["steps"] == 4
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = [r for r in records if "firing_rate/layers.2" in r]
+    assert [r["step"] for r in rates] == [4] and 0.0 <= rates[0]["firing_rate/layers.2"] <= 1.0
+    trained = trainer.model()
+    assert isinstance(trained, snnjax.Sequential)
+    loaded = snnjax.load_model(snnjax.Sequential(layers.Flatten(), layers.linear(64, 32, rngs=rngs),
+                                                 LIFNode(step_mode="m"), layers.linear(32, 10, rngs=rngs)), tmp_path)
+    np.testing.assert_array_equal(np.asarray(loaded.layers[1].kernel.get_value()),
+                                  np.asarray(trained.layers[1].kernel.get_value()))

@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from snnjax import parallel
+from snnjax import monitor, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
@@ -55,7 +55,7 @@ from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
 from snnjax.train.optim import make_optimizer
 from snnjax.train.sharded import apply_plan, eval_fn
-from snnjax.train.step import StepConfig, TrainState, split_model
+from snnjax.train.step import StepConfig, TrainState, model_inputs, split_model
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
@@ -159,7 +159,7 @@ class Trainer:
         self.mesh = self.plan.mesh
         self.memory_search = None
 
-        step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
+        self.step_cfg = step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
                               skip_nonfinite=c.nonfinite == "skip")
@@ -359,6 +359,13 @@ class Trainer:
         packing = self.plan.packing
         return jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
 
+    def firing_rates(self) -> dict[str, float]:
+        """``firing_rate/<neuron path>``: each spiking neuron's spikes per neuron per step on the first eval batch
+        (eval mode; ``snnjax.monitor``)."""
+        batch = _global_batch(self.mesh, next(iter(self.eval_loader.epoch_batches(0))), self.time_major)
+        inputs = jax.jit(functools.partial(model_inputs, self.step_cfg))(batch["inputs"], jax.random.key(self.c.seed))
+        return {f"firing_rate/{k}": v for k, v in monitor.firing_rates(self.model(), inputs).items()}
+
     def evaluate(self) -> dict[str, float]:
         totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
         state = self._eval_state()
@@ -471,6 +478,8 @@ class Trainer:
                     t = time.perf_counter()
                     eval_metrics = self.evaluate()
                     writer.write(done, eval_metrics)
+                    if c.monitor.firing_rates:
+                        writer.write(done, self.firing_rates())
                     if self.is_main:
                         progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
                                        f"eval_accuracy {eval_metrics['eval_accuracy']:.4f}")
