@@ -156,6 +156,22 @@ class ModelTrainer:
             raise ValueError("evaluate(batches) got no batch")
         return {"loss": totals["loss"] / totals["count"], "accuracy": totals["correct"] / totals["count"]}
 
+    # -- inspecting ----------------------------------------------------------------------------
+
+    def placements(self) -> str:
+        """Where the parameters live: each one's shape and PartitionSpec, or under a pipeline each stage device's
+        row of packed parameters by name."""
+        if self.plan.packing is not None:
+            return parallel.describe_stage_rows(self.plan.packing)
+        return parallel.describe_shardings(self.state.params, title="parameters as placed:")
+
+    def report(self) -> str:
+        """The compiled train step's per-device memory and collectives (``snnjax.parallel.step_report``); after
+        the first ``step``."""
+        if self._compiled is None:
+            raise ValueError("report() reads the compiled train step: call step(batch) once first")
+        return parallel.format_report(parallel.step_report(self._compiled[1], self.state))
+
     # -- the model and checkpoints -----------------------------------------------------------
 
     def _tree_state(self) -> TrainState:
