@@ -6,7 +6,8 @@
 the two should take the same time; run with ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=...`` set
 by hand to see a process where the user's setting won. Both steps are compiled in one process and timed
 alternately, repetition by repetition (the machine's load changes both alike); reported: each side's
-median and min milliseconds, their ratio, whether the default was set, and ``XLA_FLAGS``.
+median and min milliseconds, their ratio, whether the two compiled programs are the same (``as_text``),
+whether the default was set, and ``XLA_FLAGS``.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def main(argv=None) -> dict:
     rec = {"bench": "plain_jit", "model": args.model, "batch_size": args.batch_size, "T": args.T, "reps": args.reps,
            "timing": "interleaved", "cpu_conv_default_set": snnjax.CPU_CONV_DEFAULT,
            "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": jax.devices()[0].device_kind,
+           "same_program": steps["plain_jit"].as_text() == steps["with_options"].as_text(),
            "commit": git_commit()}
     for name, ts in times.items():
         rec[f"{name}_median_ms"], rec[f"{name}_min_ms"] = statistics.median(ts), min(ts)

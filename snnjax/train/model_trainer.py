@@ -131,7 +131,8 @@ class ModelTrainer:
         from tqdm.auto import tqdm  # noqa: PLC0415 (tqdm.auto picks the notebook widget; only fit needs it)
 
         history = []
-        bar = tqdm(total=steps, disable=not progress, unit="step")
+        total = steps if steps is not None else (len(batches) if hasattr(batches, "__len__") else None)
+        bar = tqdm(total=total, disable=not progress, unit="step")
         with bar:
             for i, batch in enumerate(batches):
                 if steps is not None and i >= steps:
