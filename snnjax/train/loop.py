@@ -276,7 +276,8 @@ class Trainer:
                                       "the same trajectory")
         elif existing:
             raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
-                                  "run, or choose another --workdir (nothing was overwritten)")
+                                  "run, or choose another --workdir (nothing was overwritten). From Python: set "
+                                  "config.resume = True, or pass another workdir to Trainer(config, workdir)")
         self.checkpointer = Checkpointer(ckpt_dir, self.c.keep_checkpoints)
 
     def _as_tree(self, state):
