@@ -23,6 +23,7 @@ parameter tree whatever the layout, so one saved under a pipeline restores under
 from __future__ import annotations
 
 import contextlib
+import functools
 import pathlib
 import threading
 import time
@@ -61,6 +62,7 @@ class ModelTrainer:
         self.verbose = verbose
         self._time_major = step_config.encoder is None
         graphdef, params, rngs, rest = split_model(model)
+        params, rest = jax.tree.map(jnp.copy, (params, rest))  # the steps reuse their buffers; `model` stays usable
         self._graphdef = graphdef
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=optimizer.init(params))
@@ -177,21 +179,28 @@ class ModelTrainer:
 
     def _tree_state(self) -> TrainState:
         """The state with the parameter tree (a pipeline stores each device's stages packed)."""
-        if self.plan.packing is None:
-            return self.state
-        return jax.jit(self.plan.packing.unpack_state)(self.state)
+        return self.state if self.plan.packing is None else self._unpack_state(self.state)
+
+    @functools.cached_property
+    def _unpack_state(self):  # jitted once
+        return jax.jit(self.plan.packing.unpack_state)
+
+    @functools.cached_property
+    def _gather_params(self):  # jitted once: the pipeline's rows -> the tree, as the eval step reads it
+        packing = self.plan.packing
+        return jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
 
     def _eval_state(self) -> TrainState:
         if self.plan.packing is None:
             return self.state
-        packing = self.plan.packing
-        gather = jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
-        return self.state.replace(params=gather(self.state.params), opt_state=())
+        return self.state.replace(params=self._gather_params(self.state.params), opt_state=())
 
     def model(self) -> nnx.Module:
-        """The trained model as an ``nnx.Module`` (a new module; its arrays are placed as the plan stores them)."""
+        """The trained model as a new ``nnx.Module``: copies of the parameters and BatchNorm statistics, placed as
+        the plan stores them (later steps, which reuse the trainer's buffers, do not change it)."""
         state = self._tree_state()
-        return nnx.merge(self._graphdef, state.params, state.rngs, state.model_state)
+        params, model_state = jax.tree.map(jnp.copy, (state.params, state.model_state))
+        return nnx.merge(self._graphdef, params, state.rngs, model_state)
 
     @property
     def step_count(self) -> int:
@@ -255,7 +264,8 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
     ``encoder`` / ``time_steps``: for static inputs ``[N, ...]`` turned into ``[T, N, ...]`` by
     ``snnjax.data.encoders`` (``"direct"``, ``"poisson"``). ``dtype``: the compute dtype the inputs are cast
     to (``jnp.float64`` needs ``jax_enable_x64`` and a float64 model). ``loss``: ``"ce"`` or ``"tet"``.
-    ``donate``: each step reuses its input buffers (``model``'s arrays are donated to the first step).
+    ``donate``: each step reuses its input buffers (the trainer's own copy: ``model`` is left as it was, untrained;
+    ``trainer.model()`` gives the trained one).
     ``verbose``: one line when a compile takes more than a few seconds.
     """
     if not isinstance(model, nnx.Module):
