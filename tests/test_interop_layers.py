@@ -118,5 +118,8 @@ def test_rules_extend_by_one_entry(x64):
         report = import_layers(net, {"0.g": np.array([1.0, 2.0, 3.0])})
         assert report.imported[0].path == "layers.0.gain"
         np.testing.assert_array_equal(np.asarray(net.layers[0].gain.get_value()), [1.0, 2.0, 3.0])
+        report = import_layers(net, {"layer.g": np.array([1.0, 2.0, 3.0])}, prefixes={"layer": ("layers", 0)},
+                               rules={"layer": LayerRule({"g": ("gain", lambda a: a[::-1])})})
+        np.testing.assert_array_equal(np.asarray(net.layers[0].gain.get_value()), [3.0, 2.0, 1.0])
     finally:
         del RULES[Scale]

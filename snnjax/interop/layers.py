@@ -21,7 +21,9 @@ with SpikingJelly's values. Compare outputs with both sides in eval mode (``mode
 ``net.eval()``), or both in train mode.
 
 Extending: a new layer type maps with one entry, ``RULES[MyLayer] = LayerRule({"weight": ("kernel",
-to_hwio)})``; a model whose torch names differ from its attribute paths passes ``prefixes``.
+oihw_to_hwio)})``; a model whose torch names differ from its attribute paths passes ``prefixes``
+(torch prefix -> module path), and a layer that needs its own conversion passes ``rules`` (torch prefix ->
+``LayerRule``). A zoo model's importer is then its ``prefixes`` and ``rules`` tables.
 """
 from __future__ import annotations
 
@@ -143,10 +145,12 @@ def default_prefixes(model: nnx.Module) -> dict[str, Path]:
 
 
 def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes: Mapping[str, Path] | None = None,
-                  dtype=None, strict: bool = True) -> ImportReport:
+                  rules: Mapping[str, LayerRule] | None = None, dtype=None, strict: bool = True) -> ImportReport:
     """Load ``state_dict`` (torch key -> array) into ``model`` in place, layer by layer; returns the report.
 
-    ``prefixes``: ``{torch prefix: snnjax module path}`` (default ``default_prefixes(model)``). ``dtype``: the
+    ``prefixes``: ``{torch prefix: snnjax module path}`` (default ``default_prefixes(model)``). ``rules``:
+    ``{torch prefix: LayerRule}`` for layers whose tensors need other than their type's rule (e.g. a
+    classifier after a channels-first flatten of a channels-last model permutes its input axis). ``dtype``: the
     dtype the variables take (``jnp.float64`` keeps a float64 checkpoint exact; it needs
     ``jax.config.update("jax_enable_x64", True)`` first); default: each variable keeps its dtype, and a
     narrowing cast is noted in the report. ``strict``: raise ``KeyError`` for keys left over or model
@@ -167,7 +171,7 @@ def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes:
         path = tuple(prefixes[prefix])
         if path not in modules:
             raise KeyError(f"prefixes[{prefix!r}] = {path}: the model has no module at that path")
-        rule = rule_for(modules[path]) or _NOTHING
+        rule = (rules or {}).get(prefix) or rule_for(modules[path]) or _NOTHING
         if name in rule.ignore:
             ignored.append(key)
             continue
