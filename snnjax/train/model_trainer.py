@@ -62,7 +62,7 @@ class ModelTrainer:
         self.verbose = verbose
         self._time_major = step_config.encoder is None
         graphdef, params, rngs, rest = split_model(model)
-        params, rest = jax.tree.map(jnp.copy, (params, rest))  # the steps reuse their buffers; `model` stays usable
+        params, rest = jax.device_put((params, rest), may_alias=False)  # steps reuse buffers: `model` stays usable
         self._graphdef = graphdef
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=optimizer.init(params))
@@ -199,7 +199,7 @@ class ModelTrainer:
         """The trained model as a new ``nnx.Module``: copies of the parameters and BatchNorm statistics, placed as
         the plan stores them (later steps, which reuse the trainer's buffers, do not change it)."""
         state = self._tree_state()
-        params, model_state = jax.tree.map(jnp.copy, (state.params, state.model_state))
+        params, model_state = jax.device_put((state.params, state.model_state), may_alias=False)
         return nnx.merge(self._graphdef, params, state.rngs, model_state)
 
     @property
