@@ -11,6 +11,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
 # What each example must print: regular expressions searched in its stdout (multiline).
 EXPECTED = {
+    "quickstart.py": [
+        r"^\{'loss': \d\.\d+, 'accuracy': [\d.]+\}\n(.*\n)*\{'loss': \d\.\d+, 'accuracy': [\d.]+\}$",
+    ],
     "sharding_walkthrough.py": [
         r"^8 devices: cpu$",
         r"^[\d,]+ parameters, \d+ neurons$",

@@ -12,6 +12,7 @@ Every conversion is a permutation, so the same function maps torch gradients.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 
 import jax.numpy as jnp
@@ -151,13 +152,15 @@ def import_state_dict(model: nnx.Module, state_dict: Mapping[str, np.ndarray], *
     """Load a SpikingJelly ``state_dict`` into ``model`` in place (parameters and BatchNorm statistics).
 
     Every parameter and statistic of ``model`` must be provided, with matching shapes.
-    Values are cast to each variable's current dtype unless ``dtype`` is given.
+    Values are cast to each variable's current dtype unless ``dtype`` is given; a float64 state_dict cast to
+    float32 warns (pass ``dtype=jnp.float64`` with ``jax_enable_x64``, or build the model with ``param_dtype``).
     """
     converted = convert_state_dict(model, state_dict)
     flat = dict(nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat))))
     missing = sorted(".".join(map(str, p)) for p in flat if p not in converted)
     if missing:
         raise KeyError(f"the state_dict does not provide {len(missing)} of the model's variables, e.g. {missing[:5]}")
+    narrowed: list = []
     for path, value in converted.items():
         if path not in flat:
             raise KeyError(f"snnjax path {path} derived from the state_dict does not exist in the model")
@@ -165,5 +168,11 @@ def import_state_dict(model: nnx.Module, state_dict: Mapping[str, np.ndarray], *
         if tuple(value.shape) != tuple(var.shape):
             raise ValueError(f"shape mismatch at {'.'.join(map(str, path))}: model {tuple(var.shape)}, "
                              f"state_dict gives {tuple(value.shape)} after layout conversion")
-        var.set_value(jnp.asarray(value, dtype or var.get_value().dtype))
+        target = np.dtype(dtype or var.get_value().dtype)
+        if dtype is None and value.dtype == np.float64 and target == np.float32 and not narrowed:
+            narrowed.append(path)
+            warnings.warn(f"the state_dict is float64 and {type(model).__name__}'s variables are float32: importing "
+                          "rounds them (outputs then differ from SpikingJelly's float64 ones by ~1e-7); pass "
+                          "dtype=jnp.float64 (with jax_enable_x64) to keep float64", stacklevel=2)
+        var.set_value(jnp.asarray(value, target))
 

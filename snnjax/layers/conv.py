@@ -103,6 +103,24 @@ def linear_general(in_features: int | tuple[int, ...], out_features: int | tuple
     return annotate_layer(layer, axes) if axes is not None else layer
 
 
+class Flatten(nnx.Module):
+    """``[T, N, H, W, C] -> [T, N, C*H*W]`` in torch's order (channels outermost), as SpikingJelly's
+    ``layer.Flatten`` after a convolution: a torch ``Linear`` that follows it imports with a plain transpose.
+    ``order="hwc"`` flattens in memory order instead (``flatten_features``, no transpose). ``[T, N, F]`` passes
+    through unchanged; ``[T, N, L, D]`` flattens ``L*D``.
+    """
+
+    def __init__(self, order: str = "chw"):
+        if order not in ("chw", "hwc"):
+            raise ValueError(f"Flatten(order=...) must be 'chw' (torch's order) or 'hwc', got {order!r}")
+        self.order = order
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.ndim == 5 and self.order == "chw":
+            x = x.transpose(0, 1, 4, 2, 3)
+        return flatten_features(x)
+
+
 def flatten_features(x: jax.Array, lead: int = 2) -> jax.Array:
     """Flatten everything after the first ``lead`` axes: ``[T, N, H, W, C] -> [T, N, H*W*C]`` (HWC order)."""
     return x.reshape(x.shape[:lead] + (-1,))

@@ -19,7 +19,8 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
 - forward and input gradient with an output smaller than the kernel (a 2 x 2
   image, 3 x 3 kernel): im2col and one matmul, 13x faster than XLA's conv there.
 
-Steps that convolve on the CPU should compile with ``compiler_options(platform)``:
+Steps that convolve on the CPU should compile with ``compiler_options(platform)`` (``import snnjax``
+makes it XLA's default too, ``snnjax.xla_options``, so plain ``jax.jit`` gets it):
 XLA:CPU (jax 0.10) hands convolutions to YNNPACK by default, and for these
 shapes its Eigen convolutions are faster (CIFAR10DVSVGG's eight layers at
 N*T = 32, 2-core CPU: forward 290 vs 346 ms, input gradient 314 vs 403 ms,
@@ -38,11 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from snnjax.xla_options import CPU_CONV_OPTIONS
+
 _DN = ("NHWC", "HWIO", "NHWC")
 Padding = str | Sequence[tuple[int, int]]
 
-# The YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less its convolutions.
-_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+_CPU_OPTIONS = CPU_CONV_OPTIONS  # the YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less convolutions
 
 
 def compiler_options(platform: str | None = None) -> dict[str, str] | None:

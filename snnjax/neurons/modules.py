@@ -10,10 +10,16 @@ single step. With ``store_v_seq=True`` the multi-step state sequence is sown as 
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
 ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``) picks the multi-step implementation
 (``snnjax.neurons.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
+Within ``observe(fn)`` every neuron call also hands ``(neuron, spikes, v)`` to ``fn`` (``v`` the state
+sequence in multi-step mode): ``snnjax.monitor`` reads firing rates and membrane potentials this way,
+without any change to the model's code.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +28,19 @@ from flax import nnx
 from snnjax.neurons import base as B
 from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
+
+_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_neuron_observer", default=None)
+
+
+@contextlib.contextmanager
+def observe(fn: Callable[[nnx.Module, jax.Array, jax.Array], None]):
+    """Within this context every neuron call also calls ``fn(neuron, spikes, v)`` (``v``: ``[T, ...]`` in
+    multi-step mode, the new state in single-step mode). Used while tracing by ``snnjax.monitor``."""
+    token = _OBSERVER.set(fn)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
 
 
 class MembranePotential(nnx.Variable):
@@ -81,13 +100,16 @@ class BaseNode(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Spikes for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
+        observer = _OBSERVER.get()
         if self.step_mode == "m":
-            spikes, v = self.multi_step(x, return_v_seq=self.store_v_seq)
+            spikes, v = self.multi_step(x, return_v_seq=self.store_v_seq or observer is not None)
             if self.store_v_seq:
                 self.sow(nnx.Intermediate, "v_seq", v, reduce_fn=lambda _, new: new, init_fn=lambda: None)
-            return spikes
-        spikes, v = self.step(x, self.v.get_value())
-        self.v.set_value(v)
+        else:
+            spikes, v = self.step(x, self.v.get_value())
+            self.v.set_value(v)
+        if observer is not None:
+            observer(self, spikes, v)
         return spikes
 
     def multi_step(self, x_seq: jax.Array, v_init: jax.Array | None = None, *, return_v_seq: bool = False):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from snnjax.parallel.temporal import describe as describe_temporal
@@ -85,3 +86,52 @@ def _pipeline_lines(p: dict[str, Any]) -> list[str]:
         lines.append(f"    stage {g} (device {g % p['stages']}): {', '.join(units)}")
     lines += ["    " + row for row in p["text"].splitlines()]
     return lines
+
+
+def shard_blocks(array: jax.Array, dims: tuple[int, int] | None = None) -> tuple[tuple[int, int], list[dict]]:
+    """Where each device's block of ``array`` lies, projected onto two of its dims (any rank: a 4-D conv
+    kernel ``[kh, kw, I, O]`` shows its ``I x O`` plane by default).
+
+    ``dims``: the (row, column) dims; default the sharded dims, filled up with the trailing others (a 1-D
+    array is one row). Returns ``(dims, blocks)``, each block ``{"rows": (lo, hi), "cols": (lo, hi),
+    "devices": [ids]}`` (replicated blocks list every device holding them).
+    """
+    shape = tuple(array.shape)
+    index = array.sharding.devices_indices_map(shape)
+
+    def bounds(sl: slice, n: int) -> tuple[int, int]:
+        lo, hi, _ = sl.indices(n)
+        return lo, hi
+
+    if dims is None:
+        split = [d for d in range(len(shape)) if len({bounds(ix[d], shape[d]) for ix in index.values()}) > 1]
+        rest = sorted((d for d in range(len(shape)) if d not in split), reverse=True)  # trailing: channels
+        dims = tuple(sorted((split + rest)[:2])) if len(shape) >= 2 else (None, 0) if shape else (None, None)
+    blocks: dict[tuple, list[int]] = {}
+    for device, ix in index.items():
+        rows = bounds(ix[dims[0]], shape[dims[0]]) if dims[0] is not None else (0, 1)
+        cols = bounds(ix[dims[1]], shape[dims[1]]) if dims[1] is not None else (0, 1)
+        blocks.setdefault((rows, cols), []).append(device.id)
+    return dims, [{"rows": r, "cols": c, "devices": sorted(d)} for (r, c), d in sorted(blocks.items())]
+
+
+def stage_rows(packing) -> list[dict[str, Any]]:
+    """A pipeline's packed ``[S, width]`` parameter rows by parameter name (``snnjax.parallel.stage_params``):
+    ``{"device", "path", "offset", "size", "shape"}`` per parameter, in row order."""
+    paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(packing.abstract_tree())[0]]
+    rows = [{"device": d, "path": p, "offset": o, "size": int(np.prod(s)), "shape": tuple(s)}
+            for d, p, o, s in zip(packing.device, paths, packing.offset, packing.shapes, strict=True)]
+    return sorted(rows, key=lambda r: (r["device"], r["offset"]))
+
+
+def describe_stage_rows(packing) -> str:
+    """``stage_rows`` as text: each device's row, the parameters in it and the padding."""
+    lines = [f"pipeline parameter rows [{packing.stages}, {packing.width}] ({np.dtype(packing.dtype).name}), "
+             "one per stage device:"]
+    for d in range(packing.stages):
+        rows = [r for r in stage_rows(packing) if r["device"] == d]
+        used = sum(r["size"] for r in rows)
+        lines.append(f"  device {d}: {used:,} of {packing.width:,} used")
+        lines += [f"    [{r['offset']:>9,} : {r['offset'] + r['size']:>9,}]  {r['path']:<36} {r['shape']}"
+                  for r in rows]
+    return "\n".join(lines)

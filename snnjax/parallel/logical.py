@@ -68,6 +68,10 @@ def annotate(var: nnx.Variable, *names: str | None) -> nnx.Variable:
     unknown = [n for n in names if n is not None and not isinstance(n, str)]
     if unknown:
         raise TypeError(f"logical axis names must be strings or None, got {unknown}")
+    unknown = [n for n in names if n is not None and n not in LOGICAL_AXES]
+    if unknown:
+        raise ValueError(f"unknown logical axis name(s) {unknown}; the rule tables know {list(LOGICAL_AXES)} "
+                         "(snnjax.parallel.logical explains each)")
     var.set_metadata(METADATA_KEY, tuple(names))
     return var
 

@@ -45,10 +45,25 @@ def mesh_shape(spec: str, num_devices: int) -> dict[str, int]:
                              f"{num_devices} available; change the sizes so their product divides {num_devices}")
         sizes = {k: (num_devices // fixed if v == -1 else v) for k, v in sizes.items()}
     shape = {axis: sizes.get(axis, 1) for axis in AXES}
-    if math.prod(shape.values()) != num_devices:
-        raise ValueError(f"mesh {spec!r} needs {math.prod(shape.values())} devices but {num_devices} are available; "
-                         f"make the sizes multiply to {num_devices} or set one axis to -1")
+    need = math.prod(shape.values())
+    if need != num_devices:
+        raise ValueError(f"mesh {spec!r} needs {need} devices but {num_devices} are available; "
+                         f"make the sizes multiply to {num_devices} or set one axis to -1. "
+                         + _device_hint(need, num_devices))
     return shape
+
+
+def _device_hint(need: int, have: int) -> str:
+    """How to get ``need`` devices where ``have`` are given: fake CPU devices, or a sub-mesh."""
+    if need < have:
+        return (f"To use {need} of them, lay the mesh over a subset: devices=jax.devices()[:{need}] "
+                "(snnjax.parallel.make_mesh(spec, devices=...), snnjax.trainer(..., devices=...)).")
+    if jax.default_backend() == "cpu":
+        return (f"On the CPU, {need} devices need XLA_FLAGS=--xla_force_host_platform_device_count={need} set before "
+                "JAX starts: in a shell, export it before python; in a notebook, restart the kernel and set "
+                f"os.environ['XLA_FLAGS'] in the first cell, before importing jax or snnjax (JAX has "
+                f"{jax.device_count()} device(s) now and cannot add more).")
+    return f"This process sees {jax.device_count()} {jax.default_backend()} device(s)."
 
 
 def make_mesh(spec: str = "data=-1", devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,18 @@ from snnjax.parallel.variables import flat_vars, is_var, path_str, split_state, 
 OFFLOADS = ("none", "opt_state", "params", "all")  # what a plan keeps in host memory between steps (with_offload)
 
 # -- plan ---------------------------------------------------------------------------------------
+
+UNITS_HELP = (
+    "mode 'pp' cuts the model into pipeline stages at its units, and {name} has no units() method. Define "
+    "units() -> list[snnjax.models.units.Unit]: the model's forward as a chain, each Unit(name, owns, fn) with fn "
+    "mapping the previous unit's output to its own (the first takes the input [T, N, ...], the last returns the "
+    "logits) and owns the path prefixes of the variables it uses, e.g.\n"
+    "    def units(self):\n"
+    "        return [Unit('block0', ('conv0', 'bn0', 'lif0'), lambda x: self.lif0(self.bn0(self.conv0(x)))),\n"
+    "                Unit('head', ('fc',), lambda x: self.fc(snnjax.layers.flatten_features(x)))]\n"
+    "    def __call__(self, x):\n"
+    "        return snnjax.models.units.run_units(self.units(), x)\n"
+    "or build the model as snnjax.Sequential(...), whose units end after each spiking neuron")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,6 +432,8 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         if not isinstance(model_or_state, nnx.Module):
             raise ValueError("mode 'pp' splits the model's units (model.units()) into stages: plan the nnx.Module, "
                              "not its state")
+        if not callable(getattr(model_or_state, "units", None)):
+            raise ValueError(UNITS_HELP.format(name=type(model_or_state).__name__))
         if sequence_parallel:
             raise ValueError("sequence_parallel is not available with mode 'pp': its halo exchanges are "
                              "collective-permutes inside the pipeline's per-stage branches, which XLA:CPU runs as a "
@@ -429,6 +444,13 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     else:
         strategy = rules_lib.get_strategy(mode, zero_stage, sequence_parallel)
         rules_lib.check_mesh(strategy, sizes)
+    if strategy.tensor and sizes["tensor"] > 1 and not has_tp:
+        why = (f"tensor={sizes['tensor']} splits only parameters with the logical names 'mlp' or 'heads', and this "
+               "model has none: every parameter stays whole on each tensor device, which all compute the same "
+               "thing. Annotate its layers (snnjax.parallel.annotate, or axes=... of snnjax.layers.conv2d / linear) "
+               "or move those devices to data/fsdp")
+        warnings.warn(why, stacklevel=2)
+        reasons.append(why)
     temporal_lib.check(sizes.get("time", 1), time_steps, time_blocks)
     if time_blocks and sizes.get("time", 1) > 1 and input_shape is not None and isinstance(model_or_state, nnx.Module):
         temporal_lib.neuron_schedules(model_or_state, tuple(input_shape), sizes["time"], compute_dtype or np.float32,

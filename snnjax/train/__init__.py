@@ -1,8 +1,11 @@
-"""Training: config schema, pure train/eval steps, the steps jitted under a plan, checkpoints, metrics, the loop."""
+"""Training: config schema, pure train/eval steps, the steps jitted under a plan, checkpoints, metrics, the loop
+(``Trainer``: a config, or a config and your model), and ``trainer`` / ``ModelTrainer`` / ``load_model``: any model
+under any layout from Python (``snnjax.train.model_trainer``)."""
 from snnjax.train.config import base_config, validate
 from snnjax.train.loop import Trainer, train_and_evaluate
+from snnjax.train.model_trainer import ModelTrainer, load_model, trainer
 from snnjax.train.sharded import apply_plan, eval_fn
 from snnjax.train.step import StepConfig, TrainState, eval_step, train_step
 
-__all__ = ["StepConfig", "TrainState", "Trainer", "apply_plan", "base_config", "eval_fn", "eval_step",
-           "train_and_evaluate", "train_step", "validate"]
+__all__ = ["ModelTrainer", "StepConfig", "TrainState", "Trainer", "apply_plan", "base_config", "eval_fn", "eval_step",
+           "load_model", "train_and_evaluate", "train_step", "trainer", "validate"]

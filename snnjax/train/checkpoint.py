@@ -16,6 +16,7 @@ checkpoints left on disk, which the failure did not touch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 from typing import Any
 
@@ -23,6 +24,19 @@ import jax
 import orbax.checkpoint as ocp
 
 _ITEMS = ("state", "meta")
+
+
+@contextlib.contextmanager
+def _quiet(enabled: bool):
+    """Drop absl (orbax) warnings within the block when ``enabled``."""
+    log = logging.getLogger("absl")
+    level = log.level
+    if enabled:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 class CheckpointError(RuntimeError):
@@ -44,8 +58,10 @@ class Checkpointer:
 
     def __init__(self, directory: str | pathlib.Path, keep: int = 3, *, read_only: bool = False):
         self.directory = pathlib.Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+        options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+                                               read_only=read_only, save_interval_steps=0 if read_only else 1)
+        with _quiet(read_only):  # orbax warns that a read-only manager's directory is read only
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
         self._pending: int | None = None  # the step of a save not yet waited for
 
     def latest_step(self) -> int | None:
@@ -107,6 +123,21 @@ class Checkpointer:
         state = state_template.replace(step=saved["step"], params=saved["params"],
                                        model_state=saved["model_state"], opt_state=saved["opt_state"])
         return state, dict(restored["meta"])
+
+    def restore_raw(self, step: int) -> dict[str, Any]:
+        """The saved part of checkpoint ``step`` as nested dicts of arrays (no template: ``step``, ``params``,
+        ``model_state``, ``opt_state``), for reading a model's weights without its optimizer."""
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # saved under any layout, read onto one
+        try:
+            with _quiet(True):  # orbax warns of a step-level metadata file it does not need here
+                saved = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state").item_metadata
+            abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), saved)
+            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                          meta=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many types for unreadable data
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} could not be read (corrupt or "
+                                  f"incomplete): {type(e).__name__}: {e}") from e
+        return dict(restored["state"])
 
     def close(self) -> None:
         """Wait for the last save (``CheckpointError`` if it failed) and release the manager."""

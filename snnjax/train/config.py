@@ -105,6 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.parallel.pp.microbatches = 0  # 0: chosen from the batch (snnjax/parallel/pipeline_plan.py)
     c.parallel.pp.layout = ""  # units per (virtual) stage, e.g. "2|3|3|2"; "": balanced by compiled cost
     c.parallel.print_summary = False  # print per-device memory and collectives of the compiled step
+    # At each evaluation, log every spiking neuron's firing rate on the first eval batch (snnjax/monitor.py) to
+    # metrics.jsonl and TensorBoard as firing_rate/<neuron path>
+    c.monitor = ml_collections.ConfigDict({"firing_rates": False})
     return c
 
 
@@ -140,6 +143,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     remat_settings(c)
     _positive("parallel.memory_budget_mb", c.parallel.memory_budget_mb, zero_ok=True)
     _choice("parallel.offload", c.parallel.offload, OFFLOADS)
+    unknown = sorted(set(c.monitor.keys()) - set(base_config().monitor.keys()))
+    if unknown:
+        raise ValueError(f"config.monitor has no key(s) {unknown}; allowed: {sorted(base_config().monitor)}")
+    _choice("monitor.firing_rates", c.monitor.firing_rates, (True, False))
     if c.parallel.offload == "auto" and c.parallel.memory_budget_mb <= 0:
         raise ValueError("config.parallel.offload='auto' lets the memory search decide, which needs "
                          "config.parallel.memory_budget_mb > 0; or set parallel.offload to 'none' or 'opt_state'")

@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
-from snnjax import parallel
+from snnjax import monitor, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
@@ -55,7 +55,7 @@ from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
 from snnjax.train.optim import make_optimizer
 from snnjax.train.sharded import apply_plan, eval_fn
-from snnjax.train.step import StepConfig, TrainState, split_model
+from snnjax.train.step import StepConfig, TrainState, model_inputs, split_model
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
@@ -119,7 +119,9 @@ def _global_batch(mesh, batch: dict[str, np.ndarray], time_major: bool) -> dict[
 class Trainer:
     """Holds what one run needs; ``run()`` trains, evaluates, checkpoints and writes the summary."""
 
-    def __init__(self, c: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+    def __init__(self, c: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, model: nnx.Module | None = None):
+        """``model``: train this ``nnx.Module`` (inputs ``[T, N, ...]``, logits ``[T, N, classes]``) instead of
+        ``config.model`` (whose keys are then ignored); ``model()`` hands it back trained."""
         config_lib.validate(c)
         self.c = c
         self.workdir = pathlib.Path(workdir)
@@ -143,17 +145,23 @@ class Trainer:
 
         dtype = _DTYPES[c.dtype]
         param_dtype = jnp.float64 if c.dtype == "float64" else jnp.float32
-        self.model_kwargs = model_kwargs(c, train_src)
-        model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
-                             dtype=dtype, param_dtype=param_dtype)
-        remat.configure(model, config_lib.remat_settings(c))
+        self.model_name = c.model.name if model is None else type(model).__name__
+        if model is None:
+            self.model_kwargs = model_kwargs(c, train_src)
+            model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
+                                 dtype=dtype, param_dtype=param_dtype)
+        else:
+            self.model_kwargs = {}
+        settings = config_lib.remat_settings(c)
+        if callable(getattr(model, "units", None)) or settings != remat.MemorySettings():
+            remat.configure(model, settings)
         self.tx, self.schedule = make_optimizer(c, self.total_steps)
         self._plan_for = functools.cache(functools.partial(self._make_plan, model, train_src, dtype))
         self.plan = self._plan_for(None)
         self.mesh = self.plan.mesh
         self.memory_search = None
 
-        step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
+        self.step_cfg = step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
                               encoder=None if self.time_major else c.data.encoder, loss=c.loss,
                               tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
                               skip_nonfinite=c.nonfinite == "skip")
@@ -171,6 +179,7 @@ class Trainer:
             self._log(f"note: parallel.offload={self.offload}: on this backend host memory is the device's own memory, "
                       f"so {what} between memory kinds each step and no memory is saved")
         graphdef, params, rngs, rest = split_model(model)
+        self._graphdef = graphdef
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                            opt_state=self.tx.init(params))
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
@@ -180,6 +189,11 @@ class Trainer:
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
+
+    def model(self) -> nnx.Module:
+        """The model as trained so far (a new ``nnx.Module``; arrays placed as the plan stores them)."""
+        state = self._as_tree(self.state)
+        return nnx.merge(self._graphdef, state.params, state.rngs, state.model_state)
 
     def _make_plan(self, model: nnx.Module, source, dtype, microbatches: int | None) -> parallel.Plan:
         """The run's parallel plan; with ``microbatches``, the pipeline on the first plan's mesh with that many
@@ -273,7 +287,8 @@ class Trainer:
                                       "the same trajectory")
         elif existing:
             raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
-                                  "run, or choose another --workdir (nothing was overwritten)")
+                                  "run, or choose another --workdir (nothing was overwritten). From Python: set "
+                                  "config.resume = True, or pass another workdir to Trainer(config, workdir)")
         self.checkpointer = Checkpointer(ckpt_dir, self.c.keep_checkpoints)
 
     def _as_tree(self, state):
@@ -356,6 +371,13 @@ class Trainer:
         packing = self.plan.packing
         return jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
 
+    def firing_rates(self) -> dict[str, float]:
+        """``firing_rate/<neuron path>``: each spiking neuron's spikes per neuron per step on the first eval batch
+        (eval mode; ``snnjax.monitor``)."""
+        batch = _global_batch(self.mesh, next(iter(self.eval_loader.epoch_batches(0))), self.time_major)
+        inputs = jax.jit(functools.partial(model_inputs, self.step_cfg))(batch["inputs"], jax.random.key(self.c.seed))
+        return {f"firing_rate/{k}": v for k, v in monitor.firing_rates(self.model(), inputs).items()}
+
     def evaluate(self) -> dict[str, float]:
         totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
         state = self._eval_state()
@@ -409,7 +431,7 @@ class Trainer:
         compiled = self._train_step.lower(self.state, first).compile()
         compile_seconds = time.perf_counter() - t0
         mesh_desc = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items() if v > 1) or "1 device"
-        self._log(f"{c.model.name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
+        self._log(f"{self.model_name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
                   f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
                   f"compiled in {compile_seconds:.1f}s" + (f"; offloaded to host memory: {_OFFLOADED[self.offload]}"
                                                           if self.offload != "none" else "")
@@ -468,6 +490,8 @@ class Trainer:
                     t = time.perf_counter()
                     eval_metrics = self.evaluate()
                     writer.write(done, eval_metrics)
+                    if c.monitor.firing_rates:
+                        writer.write(done, self.firing_rates())
                     if self.is_main:
                         progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
                                        f"eval_accuracy {eval_metrics['eval_accuracy']:.4f}")
@@ -488,7 +512,7 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
-            "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
+            "model": self.model_name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
             "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage, "offload": self.offload,
                          "sequence_parallel": self.plan.strategy.sequence_parallel, "reasons": self.plan.reasons,
                          "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},

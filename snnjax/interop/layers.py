@@ -1,0 +1,213 @@
+"""Import a SpikingJelly (PyTorch) ``state_dict`` layer by layer, through a table of per-layer rules.
+
+Any model built from snnjax's layers and neurons imports this way: each snnjax module is paired
+with the torch module of the same name (its torch key prefix), and the module's type picks a
+``LayerRule`` from ``RULES``: which torch tensor goes to which of the module's variables, and how
+its layout changes on the way (``OIHW -> HWIO`` for convolutions, ``[out, in] -> [in, out]`` for
+linear layers). ``snnjax.Sequential`` pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s
+keys); other models pair each module's attribute path (``features.3.conv`` with ``features.3.conv.``
+keys) unless ``prefixes`` says otherwise.
+
+    sd = dict(np.load("net_state_dict.npz"))                # torch keys -> numpy arrays
+    report = import_layers(net, sd, dtype=jnp.float64)      # float64 needs jax_enable_x64
+    print(report)                                            # each key -> variable, leftovers, casts
+
+The state_dict is plain numpy (produce it where torch lives, e.g. ``np.savez(path, **{k: v.numpy()
+for k, v in net.state_dict().items()})``); nothing here imports torch. SpikingJelly's inputs are
+``[N, T, C, H, W]`` (or ``[T, N, C, H, W]`` in multi-step mode); snnjax's are ``[T, N, H, W, C]``:
+``x.transpose(1, 0, 3, 4, 2)`` from the first, ``x.transpose(0, 1, 3, 4, 2)`` from the second.
+Neuron settings (``tau``, ``v_threshold``, ...) are not in a state_dict: build the snnjax neurons
+with SpikingJelly's values. Compare outputs with both sides in eval mode (``model.eval()`` and
+``net.eval()``), or both in train mode.
+
+Extending: a new layer type maps with one entry, ``RULES[MyLayer] = LayerRule({"weight": ("kernel",
+oihw_to_hwio)})``; a model whose torch names differ from its attribute paths passes ``prefixes``
+(torch prefix -> module path), and a layer that needs its own conversion passes ``rules`` (torch prefix ->
+``LayerRule``). A zoo model's importer is then its ``prefixes`` and ``rules`` tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d
+from snnjax.models.sequential import Sequential
+from snnjax.neurons.modules import IFNode, LIFNode, ParametricLIFNode
+
+Convert = Callable[[np.ndarray], np.ndarray]
+Path = tuple
+
+
+def identity(arr: np.ndarray) -> np.ndarray:
+    return arr
+
+
+def oihw_to_hwio(arr: np.ndarray) -> np.ndarray:
+    """A torch ``Conv2d`` kernel ``[O, I, kh, kw]`` -> ``[kh, kw, I, O]``."""
+    if arr.ndim != 4:
+        raise ValueError(f"a Conv2d weight is [O, I, kh, kw]; got shape {arr.shape}")
+    return arr.transpose(2, 3, 1, 0)
+
+
+def out_in_to_in_out(arr: np.ndarray) -> np.ndarray:
+    """A torch ``Linear`` weight ``[out, in]`` -> ``[in, out]`` (a ``Conv1d`` with kernel 1, ``[O, I, 1]``, too)."""
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim != 2:
+        raise ValueError(f"a Linear weight is [out, in]; got shape {arr.shape}")
+    return arr.T
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRule:
+    """One layer type's torch tensors: ``tensors`` maps a torch name (``weight``) to the snnjax variable's
+    attribute and the layout conversion (``("kernel", oihw_to_hwio)``); ``ignore`` lists torch names that carry
+    nothing snnjax keeps (BatchNorm's ``num_batches_tracked``)."""
+
+    tensors: Mapping[str, tuple[str, Convert]] = dataclasses.field(default_factory=dict)
+    ignore: tuple[str, ...] = ()
+
+
+_BATCHNORM = LayerRule({"weight": ("scale", identity), "bias": ("bias", identity),
+                        "running_mean": ("mean", identity), "running_var": ("var", identity)},
+                       ignore=("num_batches_tracked",))
+_NOTHING = LayerRule()
+
+# Module type -> rule. Looked up along the module's class hierarchy (snnjax's Conv2d is an nnx.Conv).
+RULES: dict[type, LayerRule] = {
+    nnx.Conv: LayerRule({"weight": ("kernel", oihw_to_hwio), "bias": ("bias", identity)}),
+    nnx.Linear: LayerRule({"weight": ("kernel", out_in_to_in_out), "bias": ("bias", identity)}),
+    BatchNorm: _BATCHNORM,
+    ParametricLIFNode: LayerRule({"w": ("w", identity)}),
+    IFNode: _NOTHING, LIFNode: _NOTHING, MaxPool2d: _NOTHING, AvgPool2d: _NOTHING, Flatten: _NOTHING,
+    nnx.Dropout: _NOTHING,
+}
+
+
+def rule_for(module: nnx.Module) -> LayerRule | None:
+    """The rule of ``module``'s type (or its nearest base class in ``RULES``); None for containers."""
+    for cls in type(module).__mro__:
+        if cls in RULES:
+            return RULES[cls]
+    return None
+
+
+@dataclasses.dataclass
+class Imported:
+    key: str
+    path: str
+    torch_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    note: str = ""
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """What ``import_layers`` did: every key imported (to which variable, shapes, dtype), the keys ignored by
+    rule, the keys left over (no counterpart), the model's variables not provided, and dtype casts."""
+
+    imported: list[Imported]
+    ignored: list[str]
+    leftover: list[str]
+    missing: list[str]
+
+    def __str__(self) -> str:
+        w = max([len(i.key) for i in self.imported] + [10])
+        lines = [f"{len(self.imported)} tensors imported, {len(self.ignored)} ignored, {len(self.leftover)} left over, "
+                 f"{len(self.missing)} model variables not provided"]
+        for i in self.imported:
+            shapes = f"{i.torch_shape} -> {i.shape}" if i.torch_shape != i.shape else str(i.shape)
+            lines.append(f"  {i.key:<{w}} -> {i.path:<28} {shapes:<30} {i.dtype}" + (f"  ({i.note})" if i.note else ""))
+        for name, keys in (("ignored", self.ignored), ("left over", self.leftover), ("not provided", self.missing)):
+            if keys:
+                lines.append(f"  {name}: {', '.join(keys)}")
+        return "\n".join(lines)
+
+
+def default_prefixes(model: nnx.Module) -> dict[str, Path]:
+    """``{torch key prefix: snnjax module path}`` for every module with a rule: its attribute path dotted, with
+    a ``Sequential``'s ``layers`` left out (``nn.Sequential`` keys are ``0.weight``, not ``layers.0.weight``)."""
+    sequential_lists = {path + ("layers",) for path, m in nnx.iter_modules(model) if isinstance(m, Sequential)}
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        if rule_for(module) is None:
+            continue
+        torch_path = [str(p) for i, p in enumerate(path) if tuple(path[:i + 1]) not in sequential_lists]
+        out[".".join(torch_path)] = tuple(path)
+    return out
+
+
+def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes: Mapping[str, Path] | None = None,
+                  rules: Mapping[str, LayerRule] | None = None, dtype=None, strict: bool = True) -> ImportReport:
+    """Load ``state_dict`` (torch key -> array) into ``model`` in place, layer by layer; returns the report.
+
+    ``prefixes``: ``{torch prefix: snnjax module path}`` (default ``default_prefixes(model)``). ``rules``:
+    ``{torch prefix: LayerRule}`` for layers whose tensors need other than their type's rule (e.g. a
+    classifier after a channels-first flatten of a channels-last model permutes its input axis). ``dtype``: the
+    dtype the variables take (``jnp.float64`` keeps a float64 checkpoint exact; it needs
+    ``jax.config.update("jax_enable_x64", True)`` first); default: each variable keeps its dtype, and a
+    narrowing cast is noted in the report. ``strict``: raise ``KeyError`` for keys left over or model
+    variables not provided (the message is the report); otherwise only report them.
+    """
+    if dtype is not None and np.dtype(dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(f"import_layers(..., dtype={np.dtype(dtype).name}) needs jax_enable_x64: call "
+                         "jax.config.update('jax_enable_x64', True) before building the model (or in a notebook's "
+                         "first cell)")
+    prefixes = default_prefixes(model) if prefixes is None else dict(prefixes)
+    modules = dict(nnx.iter_modules(model))
+    imported, ignored, leftover, done = [], [], [], set()
+    for key, arr in state_dict.items():
+        prefix, _, name = key.rpartition(".")
+        if prefix not in prefixes:
+            leftover.append(key)
+            continue
+        path = tuple(prefixes[prefix])
+        if path not in modules:
+            raise KeyError(f"prefixes[{prefix!r}] = {path}: the model has no module at that path")
+        rule = (rules or {}).get(prefix) or rule_for(modules[path]) or _NOTHING
+        if name in rule.ignore:
+            ignored.append(key)
+            continue
+        if name not in rule.tensors:
+            leftover.append(key)
+            continue
+        attr, convert = rule.tensors[name]
+        var = getattr(modules[path], attr)
+        arr = np.asarray(arr)
+        value = convert(arr)
+        if tuple(value.shape) != tuple(var.shape):
+            raise ValueError(f"{key}: shape {arr.shape} becomes {value.shape} in snnjax's layout, but "
+                             f"{_dotted(path + (attr,))} is {tuple(var.shape)}; build the layer with the checkpoint's "
+                             "sizes")
+        target = np.dtype(dtype) if dtype is not None else np.dtype(var.get_value().dtype)
+        note = (f"cast {value.dtype} -> {target.name}; pass dtype=jnp.{value.dtype} to keep it"
+                if np.finfo(target).bits < np.finfo(value.dtype).bits and value.dtype.kind == "f" else "")
+        var.set_value(jnp.asarray(value, target))
+        done.add(path + (attr,))
+        imported.append(Imported(key, _dotted(path + (attr,)), tuple(arr.shape), tuple(value.shape), target.name, note))
+    missing = [_dotted(p) for p, _ in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat)))
+               if tuple(p) not in done]
+    report = ImportReport(imported, ignored, leftover, missing)
+    if strict and (leftover or missing):
+        raise KeyError(f"the state_dict and the model do not match (pass strict=False to import what matches):\n"
+                       f"{report}")
+    return report
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(map(str, path))
+
+
+def spikingjelly_inputs(x: np.ndarray | jax.Array, *, batch_first: bool = True) -> jax.Array:
+    """SpikingJelly's ``[N, T, C, H, W]`` (``batch_first``) or ``[T, N, C, H, W]`` -> snnjax's ``[T, N, H, W, C]``."""
+    if np.ndim(x) != 5:
+        raise ValueError(f"spikingjelly_inputs expects a 5-D [N, T, C, H, W] or [T, N, C, H, W] array, got shape "
+                         f"{np.shape(x)}")
+    return jnp.asarray(x).transpose((1, 0, 3, 4, 2) if batch_first else (0, 1, 3, 4, 2))
