@@ -49,7 +49,8 @@ def build(name: str, impl: str):
 @functools.cache
 def _run(name: str, mesh_spec: str | None, mode: str, microbatches: int = 1, impl: str = "auto",
          zero_stage: int | None = None):
-    """``(first-step metrics, state after 3 steps, plan, compiled HLO text, neuron schedules traced)``."""
+    """``(first-step metrics, state after 3 steps, plan, compiled HLO text, neuron schedules traced, step report
+    with the state's per-device bytes)``."""
     model, graphdef, tx, host_state, x, y = initial_state(*build(name, impl))
     cfg = StepConfig(seed=0, time_steps=x.shape[0], encoder=None, compute_dtype=jnp.float64, return_grads=True,
                      grad_accum_steps=microbatches if mesh_spec is None else 1)
@@ -63,10 +64,11 @@ def _run(name: str, mesh_spec: str | None, mode: str, microbatches: int = 1, imp
                              pipeline=pipeline, zero_stage=zero_stage, time_steps=x.shape[0])
     with neuron_temporal.recording() as schedules:
         first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
+    report = parallel.step_report(compiled, state)
     if plan.packing is not None:
         state = plan.packing.unpack_state(state)
         first = dict(first, grads=plan.packing.unpack(first["grads"]))
-    return jax.device_get(first), jax.device_get(state), plan, compiled.as_text(), list(schedules)
+    return jax.device_get(first), jax.device_get(state), plan, compiled.as_text(), list(schedules), report
 
 
 def _assert_equal_to_one_device(name, first, state, microbatches=1, impl="auto"):
@@ -83,7 +85,7 @@ def test_pipeline_with_time_splits_each_stage_time_steps():
     """pp on stage=2 x time=2 x data=2: the neurons inside each stage run the time pipeline (T/2 steps per
     device, potentials passed between time devices), nothing is gathered over T, and training equals one
     device (1f1b, 2 microbatches)."""
-    first, state, plan, hlo, schedules = _run("mlp", "stage=2,time=2,data=2", "pp", 2)
+    first, state, plan, hlo, schedules, _ = _run("mlp", "stage=2,time=2,data=2", "pp", 2)
     assert plan.mode == "pp" and plan.temporal["time_shards"] == 2
     assert schedules and all(s.shards == 2 for _, s in schedules), schedules  # every neuron call split T
     assert T not in [size for _, size in gathered_dims(hlo)], [ln for ln in hlo.splitlines() if "all-gather(" in ln]
@@ -99,7 +101,7 @@ def test_fused_kernels_run_per_device_inside_composed_layouts(mesh_spec, mode, s
     are split, the others replicated, so there the smallest call must be split.)"""
     impl = "native" if "time" in mesh_spec else "auto"  # the time split's blocks take the kernel when asked
     microbatches = 2 if mode == "pp" else 1
-    first, state, plan, hlo, _ = _run("vgg", mesh_spec, mode, microbatches, impl)
+    first, state, plan, hlo, _, _ = _run("vgg", mesh_spec, mode, microbatches, impl)
     ref_hlo = _run("vgg", None, "none", microbatches, impl)[3]
     got, ref = neuron_kernels(hlo), neuron_kernels(ref_hlo)
     assert set(got) == {"SnnNeuronForwardF64", "SnnNeuronBackwardF64"}, got
@@ -112,11 +114,13 @@ def test_fused_kernels_run_per_device_inside_composed_layouts(mesh_spec, mode, s
 
 
 def test_zero_inside_the_pipeline_splits_the_optimizer_rows_over_data():
-    first, state, plan, _, _ = _run("vgg", "stage=2,data=4", "pp", 2, "auto", 2)
-    base = _run("vgg", "stage=2,data=4", "pp", 2)[2]
+    first, state, plan, _, _, report = _run("vgg", "stage=2,data=4", "pp", 2, "auto", 2)
+    _, _, base, _, _, base_report = _run("vgg", "stage=2,data=4", "pp", 2)
     zero, plain = plan.totals(), base.totals()
     assert zero["optimizer_bytes_per_device"] <= 1.05 * plain["optimizer_bytes_per_device"] / 4, (zero, plain)
     assert zero["grad_bytes_per_device"] <= 1.05 * plain["grad_bytes_per_device"] / 4
+    # what the trained state's arrays hold per device (Adam's two slots and its step count)
+    assert report["optimizer_bytes"] <= 1.05 * base_report["optimizer_bytes"] / 4, (report, base_report)
     assert plan.row_sharding("opt").spec == jax.sharding.PartitionSpec("stage", ("data",))
     _assert_equal_to_one_device("vgg", first, state, 2)
 
