@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from snnjax import parallel
+from snnjax import distributed, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
@@ -246,7 +246,8 @@ class Trainer:
     def _open_checkpoints(self) -> None:
         ckpt_dir = self.workdir / "checkpoints"
         existing = bool(complete_steps(ckpt_dir))  # a failed first save leaves only a tmp folder: start afresh
-        if self.c.resume:
+        # A job the launcher restarted (or SLURM requeued) continues from its latest complete checkpoint.
+        if self.c.resume or (existing and distributed.launch_info().restarted):
             if not existing:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
                                       "--config.resume=True to start fresh, or pass the run's --workdir")
@@ -425,7 +426,7 @@ class Trainer:
                 done = step + 1
                 unchecked.append((done, metrics))
                 final = done == self.total_steps
-                stop = None if final else self._signals.agreed(done, c.log_every_steps)
+                stop = self._signals.agreed(done, final)
                 if not final and stop is None:
                     batch = _global_batch(self.mesh, next(batches), self.time_major)
                 log_now = done % c.log_every_steps == 0 or final
@@ -474,7 +475,7 @@ class Trainer:
         return {
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": self.skipped_steps, "restarts": _restarts(start),
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": c.model.name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
@@ -487,6 +488,14 @@ class Trainer:
     def _log(self, message: str) -> None:
         if self.is_main:
             print(message, flush=True)
+
+
+def _restarts(start: int) -> list[dict[str, Any]]:
+    """The launcher's restarts of this job (attempt, processes, cause, resumed step), this run's start filled in."""
+    records = [dict(r) for r in distributed.launch_info().restarts]
+    if records and records[-1].get("resumed_step") is None:
+        records[-1]["resumed_step"] = start
+    return records
 
 
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:
