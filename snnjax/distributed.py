@@ -109,6 +109,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                          "single process")
     if not any(given) and _cluster_process_count(cluster) == 1:
         return False
+    if count == 1:  # a job of one process (the launcher's --nproc 1, or a job shrunk to one): nothing to join
+        return False
 
     _before_backend("join a multi-process job")
     # CPU collectives across processes need an implementation: gloo is jax 0.10's default, older ones had none.

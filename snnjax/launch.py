@@ -29,6 +29,7 @@ import ctypes
 import dataclasses
 import itertools
 import json
+import math
 import os
 import pathlib
 import re
@@ -409,19 +410,19 @@ class Launcher:
             time.sleep(0.02)
 
     def _hung(self, beats: list[dict | None], codes: list[int | None], directory: pathlib.Path) -> Outcome | None:
-        """The process that made no progress for ``hang_timeout_s`` the longest (its stack printed), or None."""
+        """The process that made no progress the longest (its stack printed) once one has made none for
+        ``hang_timeout_s``, or None. One that has not finished a step while another has is the furthest behind."""
         now = time.time()
-        stalled = [(b["time"], rank) for rank, b in enumerate(beats)
-                   if b and codes[rank] is None and now - b["time"] > self.hang_timeout_s]
-        if not stalled:
+        if not any(b and codes[rank] is None and now - b["time"] > self.hang_timeout_s for rank, b in enumerate(beats)):
             return None
-        since, rank = min(stalled)
-        step = beats[rank]["step"]
-        self._say(f"launch: rank {rank} made no progress for {now - since:.0f} s (--hang-timeout-s "
-                  f"{self.hang_timeout_s:g}) after step {step}; its Python stack:")
-        self._say(self._stack(rank, directory))
+        since, rank = min((b["time"] if b else -math.inf, rank) for rank, b in enumerate(beats) if codes[rank] is None)
+        where = f"after step {beats[rank]['step']}" if beats[rank] else "before its first step"
+        waited = f"{now - since:.0f} s" if beats[rank] else "its whole run"
+        stack = self._stack(rank, directory)  # one write with the line above: no other output between them
+        self._say(f"launch: rank {rank} made no progress for {waited} (--hang-timeout-s "
+                  f"{self.hang_timeout_s:g}) {where}; its Python stack:\n{stack}")
         self._signal_all(signal.SIGKILL, [self.procs[rank]])
-        return Outcome("hung", rank=rank, code=EXIT_HUNG, cause=f"rank {rank} hung after step {step}")
+        return Outcome("hung", rank=rank, code=EXIT_HUNG, cause=f"rank {rank} hung {where}")
 
     def _stack(self, rank: int, directory: pathlib.Path) -> str:
         """Rank ``rank``'s Python stack (faulthandler's dump on SIGUSR1, snnjax.distributed), prefixed by its rank."""

@@ -104,6 +104,7 @@ def test_single_process_is_a_no_op(monkeypatch):
                  *CLUSTER_VARS):
         monkeypatch.delenv(name, raising=False)
     assert distributed.initialize() is False
+    assert distributed.initialize("127.0.0.1:1234", 1, 0) is False  # a job of one process (the launcher's --nproc 1)
     assert not jax.distributed.is_initialized()
     # Any Kubernetes pod looks like a job to jax; only an Indexed Job (JOB_COMPLETION_INDEX) is one.
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
