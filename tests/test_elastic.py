@@ -194,3 +194,43 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
     assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 41))
     assert shrunk == single
     assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
+
+
+def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
+    """What srun sets for task ``task`` of ``tasks`` on this machine (by hand: no SLURM here)."""
+    return child_env(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
+                     SLURM_PROCID=str(task), SLURM_LOCALID=str(task), JAX_COORDINATOR_PORT=str(port),
+                     XLA_FLAGS="--xla_force_host_platform_device_count=4", **extra)
+
+
+def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
+    """SLURM signals every task of a preempted job: both save the same step and exit 143, the code a requeue script
+    looks for; requeued on one node (SLURM_RESTART_COUNT=1), the job resumes by itself on half the devices."""
+    quiet = [sys.executable, ROOT / "train.py", *TRAIN, "--config.log_every_steps=100000",
+             "--config.checkpoint_every_steps=100000", "--workdir", tmp_path / "run"]
+    port = launch.free_port()
+    outs = [open(tmp_path / f"task{k}.out", "w") for k in range(2)]  # noqa: SIM115 (closed below)
+    tasks = [subprocess.Popen(quiet, env=slurm_env(2, k, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+             for k, out in enumerate(outs)]
+    try:
+        wait_for(lambda: "compiled in" in (tmp_path / "task0.out").read_text(), "compilation")
+        for task in tasks:
+            task.send_signal(signal.SIGTERM)
+        codes = [task.wait(timeout=120) for task in tasks]
+    finally:
+        for task, out in zip(tasks, outs, strict=True):
+            task.kill()
+            out.close()
+    text = (tmp_path / "task0.out").read_text()
+    assert codes == [143, 143], text[-3000:]
+    step = int(re.search(r"stopped by SIGTERM after step (\d+) of", text).group(1))
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [step] and step < STEPS
+
+    requeued = subprocess.run(quiet, env=slurm_env(1, 0, port, SLURM_RESTART_COUNT="1"), cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert "fsdp=2 x tensor=2" in requeued.stdout and f"resuming at step {step}" in requeued.stdout
+    resumed = _params(tmp_path / "run")
+    for key, want in reference.items():  # another layout for the last steps: equal to rounding
+        scale = max(float(np.max(np.abs(want))), 1e-300)
+        assert np.max(np.abs(resumed[key] - want)) <= 1e-12 * scale, key
