@@ -32,6 +32,7 @@ import pathlib
 import re
 import signal
 import socket
+import threading
 import time
 
 import jax
@@ -266,24 +267,42 @@ def _dump_stack_on_signal() -> None:
 
 
 class Heartbeat:
-    """Writes ``{"pid", "attempt", "start", "step", "time"}`` to ``$SNNJAX_HEARTBEAT_DIR/heartbeat<rank>.json``.
+    """Writes ``{"pid", "attempt", "start", "step", "time", "saved"}`` to
+    ``$SNNJAX_HEARTBEAT_DIR/heartbeat<rank>.json``.
 
     ``step`` is the last step this process finished dispatching, ``time`` when (Unix seconds), ``start`` the step
-    the run began or resumed at. Without the launcher's directory it writes nothing.
+    the run began or resumed at, ``saved`` the step whose checkpoint a stop signal had it write (waited for), or
+    None. Without the launcher's directory it writes nothing.
     """
 
     def __init__(self):
         directory = os.environ.get(ENV_HEARTBEAT_DIR)
         self.path = pathlib.Path(directory) / f"heartbeat{_rank()}.json" if directory else None
         self.attempt = launch_info().attempt if directory else 0
+        self.saved: int | None = None
+        self._lock = threading.Lock()  # the loop and its watching thread both write
 
     def write(self, start: int, step: int, at: float) -> None:
         if self.path is None:
             return
-        record = {"pid": os.getpid(), "attempt": self.attempt, "start": start, "step": step, "time": at}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path)  # the launcher never reads half a record
+        record = {"pid": os.getpid(), "attempt": self.attempt, "start": start, "step": step, "time": at,
+                  "saved": self.saved}
+        with self._lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.path)  # the launcher never reads half a record
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` at once: run the ``atexit`` handlers (jax's leaves the job cleanly), flush, and skip the
+    interpreter's teardown, which can take seconds (a preempted process has little time between its signals)."""
+    import atexit  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def read_heartbeat(directory: str | pathlib.Path, rank: int) -> dict | None:

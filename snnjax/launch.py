@@ -347,32 +347,46 @@ class Launcher:
             for pump in pumps:
                 pump.thread.join(timeout=2.0)
         if outcome.kind == "signal":
-            outcome = self._after_signal()
+            outcome = self._after_signal(directory)
         elif outcome.kind in ("failed", "hung"):
             n = len(self.procs)
             stopped = f"; stopped the other {n - 1} process{'es' if n > 2 else ''}" if n > 1 else ""
             self._say(f"launch: {outcome.cause}{stopped}")
         return outcome
 
-    def _after_signal(self) -> Outcome:
-        """The outcome of a signal: 128 + signal only if every process saved and exited on it (exit 128 + signal)."""
+    def _after_signal(self, directory: pathlib.Path) -> Outcome:
+        """The outcome of a signal: 128 + signal only if every process saved the same step on it (and exited with
+        128 + signal, or was killed only after its heartbeat said the checkpoint was on disk)."""
         sig, codes = self.signalled, [p.returncode for p in self.procs]
         name, n = signal.Signals(sig).name, len(codes)
         if all(code == 0 for code in codes):
             self._say(f"launch: {name} arrived, but all {n} processes had finished")
             return Outcome("ok", code=0)
-        lost = [(rank, code) for rank, code in enumerate(codes) if code not in (0, 128 + sig)]
-        if not lost:
-            self._say(f"launch: stopped all {n} processes on {name}; each saved its checkpoint and exited with "
-                      f"{128 + sig}")
+        beats = [distributed.read_heartbeat(directory, rank) for rank in range(n)]
+        saved = {rank: (beats[rank] or {}).get("saved") for rank in range(n)}
+        lost, slow = [], []
+        for rank, code in enumerate(codes):
+            if code in (0, 128 + sig):
+                continue
+            (slow if saved[rank] is not None else lost).append((rank, code))
+        steps = {saved[rank] for rank, code in enumerate(codes) if code != 0 and saved[rank] is not None}
+        for rank, code in slow:
+            self._say(f"launch: rank {rank} saved step {saved[rank]} on {name} but had not exited {self.grace_s:g} s "
+                      f"after it (--grace-s); it {_how(code)}")
+        if not lost and len(steps) <= 1:
+            self._say(f"launch: stopped all {n} processes on {name}; each saved its checkpoint"
+                      + (f" of step {steps.pop()}" if steps else "") + f" (exit code {128 + sig}: resumable)")
             return Outcome("signal", code=128 + sig)
         for rank, code in lost:
-            why = (f"was killed by SIGKILL {self.grace_s:g} s after {name} (--grace-s) before it saved and exited"
-                   if code == -signal.SIGKILL else _how(code))
-            self._say(f"launch: stopped on {name}, but rank {rank} {why}, without a checkpoint of the step it "
-                      f"stopped at (a process that saved exits with {128 + sig}); a resumed run continues from an "
-                      f"older checkpoint, if any")
-        return Outcome("unsaved", rank=lost[0][0], code=EXIT_UNSAVED)
+            why = (f"was killed by SIGKILL {self.grace_s:g} s after {name} (--grace-s) before it saved its checkpoint"
+                   if code == -signal.SIGKILL else f"{_how(code)} without saving its checkpoint")
+            self._say(f"launch: stopped on {name}, but rank {rank} {why} (a process that saved exits with "
+                      f"{128 + sig}); exit code {EXIT_UNSAVED}: a resumed run continues from an older checkpoint, "
+                      "if any")
+        if not lost:
+            self._say(f"launch: stopped on {name}, but the processes saved different steps {sorted(steps)}; exit code "
+                      f"{EXIT_UNSAVED}")
+        return Outcome("unsaved", rank=lost[0][0] if lost else None, code=EXIT_UNSAVED)
 
     def _watch(self, directory: pathlib.Path, history: list[dict]) -> Outcome:
         """Wait until all processes succeed, one fails or hangs, or a signal's processes have all exited."""

@@ -290,7 +290,7 @@ def test_signals_reach_the_children_and_the_launcher_takes_them_along(tmp_path, 
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT, err
-    assert "launch: stopped all 2 processes on SIGINT; each saved its checkpoint and exited with 130" in err
+    assert "launch: stopped all 2 processes on SIGINT; each saved its checkpoint (exit code 130: resumable)" in err
     assert sorted(p.name for p in (tmp_path / "a").glob("sigint*")) == ["sigint0", "sigint1"]
     assert not [p for p in pids if alive(p)]
     # A process that cannot stop in --grace-s is killed: not 128 + signal, and the launcher names it.
@@ -302,8 +302,8 @@ def test_signals_reach_the_children_and_the_launcher_takes_them_along(tmp_path, 
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == launch.EXIT_UNSAVED, err
     assert ("launch: stopped on SIGTERM, but rank 1 was killed by SIGKILL 0.5 s after SIGTERM (--grace-s) before it "
-            "saved and exited, without a checkpoint") in err
-    assert "rank 0 was killed by SIGTERM" in err  # the default action: no handler, no checkpoint
+            "saved its checkpoint (a process that saved exits with 143); exit code 125") in err
+    assert "rank 0 was killed by SIGTERM without saving" in err  # the default action: no handler, no checkpoint
     # A launcher killed outright (no chance to clean up) takes its children with it.
     proc = subprocess.Popen(launch_cmd("--nproc", 2, script, tmp_path / "b", -1, "0,1"), env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -87,6 +87,13 @@ class StopSignals:
             return
         self.received = signum
 
+    def saved(self, step: int) -> None:
+        """The checkpoint of ``step`` that the stop asked for is on disk: tell the launcher (heartbeat ``saved``)."""
+        watch = self._watch
+        if watch is not None and watch.heartbeat.path is not None:
+            watch.heartbeat.saved = step
+            watch.heartbeat.write(watch.start if watch.start is not None else step, watch.step, watch.time)
+
     def agreed(self, done: int, final: bool = False) -> int | None:
         """The signal to stop on after step ``done`` (1-based), the same step and signal in every process.
 

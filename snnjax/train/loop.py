@@ -303,6 +303,7 @@ class Trainer:
     def _stop(self, signum: int, done: int) -> None:
         """After the checkpoint of step ``done`` was saved: wait for it, say how to resume, raise ``Preempted``."""
         self.checkpointer.wait()
+        self._signals.saved(done)
         message = (f"stopped by {signal.Signals(signum).name} after step {done} of {self.total_steps}: checkpoint "
                    f"{self.workdir / 'checkpoints' / str(done)} is on disk; to continue, rerun the same command "
                    "with --config.resume=True")
