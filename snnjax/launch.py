@@ -16,11 +16,17 @@ environment, which :func:`snnjax.distributed.initialize` reads (``train.py`` cal
 Every line a process prints is prefixed ``[rank k] `` (stdout to stdout, stderr to stderr;
 whole lines only, so processes' lines never mix; a ``\\r`` ends a line, as progress bars use
 it). SIGINT and SIGTERM are passed on to all processes, and SIGKILL follows ``--grace-s``
-seconds later, or at a second signal. When one exits with an error, the others
-get SIGTERM, then SIGKILL after ``--grace-s`` seconds, and the launcher exits with that
-process's code (128 + signal if a signal ended it), naming its rank; 0 when all succeed.
-Each process runs in its own process group (killed as a group) and, on Linux, is killed if
-the launcher itself dies.
+seconds later, or at a second signal; the launcher then exits with 128 + signal only if every
+process saved its checkpoint and exited (``train.py`` exits 128 + signal after saving), else
+with ``EXIT_UNSAVED`` (125), naming the processes killed or failed before saving. When one
+exits with an error, is killed, or (``--hang-timeout-s``) finishes no step for that long (its
+Python stack is printed), the others get SIGTERM, then SIGKILL after ``--grace-s`` seconds;
+with ``--max-restarts`` left, the job starts again (``SNNJAX_ATTEMPT`` tells the processes,
+and ``train.py`` resumes from its latest checkpoint), with one process fewer, down to
+``--nproc-min``, when a process fails again before the restarted job's first step. Otherwise
+the launcher exits with that process's code (128 + signal if a signal ended it; ``EXIT_HUNG``,
+124, if it hung), naming its rank; 0 when all succeed. Each process runs in its own process
+group (killed as a group) and, on Linux, is killed if the launcher itself dies.
 """
 from __future__ import annotations
 
@@ -29,7 +35,6 @@ import ctypes
 import dataclasses
 import itertools
 import json
-import math
 import os
 import pathlib
 import re
@@ -232,6 +237,14 @@ def _how(code: int) -> str:
     return f"exited with code {code}" if code > 0 else f"was killed by {signal.Signals(-code).name}"
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T: SIGSTOP, a debugger), from /proc (False where there is none)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 class Launcher:
     """Starts, watches, stops and restarts the processes; ``run()`` returns the exit code."""
 
@@ -402,7 +415,8 @@ class Launcher:
             else:
                 for rank, code in enumerate(codes):
                     if code not in (None, 0):
-                        beat = distributed.read_heartbeat(directory, rank)
+                        beats = [distributed.read_heartbeat(directory, r) for r in range(len(self.procs))]
+                        started, beat = started or any(beats), beats[rank]
                         at = f" at step {beat['step']}" if beat else ""
                         return Outcome("failed", rank=rank, code=code if code > 0 else 128 - code,
                                        cause=f"rank {rank} {_how(code)}{at}", started=started, resumed_step=resumed)
@@ -424,18 +438,24 @@ class Launcher:
             time.sleep(0.02)
 
     def _hung(self, beats: list[dict | None], codes: list[int | None], directory: pathlib.Path) -> Outcome | None:
-        """The process that made no progress the longest (its stack printed) once one has made none for
-        ``hang_timeout_s``, or None. One that has not finished a step while another has is the furthest behind."""
+        """Once a process has made no progress for ``hang_timeout_s``: the one to blame (its stack printed), else
+        None."""
         now = time.time()
-        if not any(b and codes[rank] is None and now - b["time"] > self.hang_timeout_s for rank, b in enumerate(beats)):
+        waited = max((now - b["time"] for rank, b in enumerate(beats) if b and codes[rank] is None), default=0.0)
+        if waited <= self.hang_timeout_s:
             return None
-        since, rank = min((b["time"] if b else -math.inf, rank) for rank, b in enumerate(beats) if codes[rank] is None)
-        where = f"after step {beats[rank]['step']}" if beats[rank] else "before its first step"
-        waited = f"{now - since:.0f} s" if beats[rank] else "its whole run"
+        # A stopped process (SIGSTOP, a debugger) first; then the one furthest behind: the others wait for it in
+        # their collectives (one without a step yet counts as furthest behind).
+        *_, rank = min((not _stopped(self.procs[rank].pid), b["step"] if b else -1, b["time"] if b else 0.0, rank)
+                       for rank, b in enumerate(beats) if codes[rank] is None)
+        since = beats[rank]["time"] if beats[rank] else 0.0
+        where = (f"for {now - since:.0f} s after step {beats[rank]['step']}" if beats[rank] else
+                 f"before its first step, while another waited {waited:.0f} s")
         stack = self._stack(rank, directory)  # one write with the line above: no other output between them
-        self._say(f"launch: rank {rank} made no progress for {waited} (--hang-timeout-s "
-                  f"{self.hang_timeout_s:g}) {where}; its Python stack:\n{stack}")
+        self._say(f"launch: rank {rank} made no progress {where} (--hang-timeout-s {self.hang_timeout_s:g}); its "
+                  f"Python stack:\n{stack}")
         self._signal_all(signal.SIGKILL, [self.procs[rank]])
+        where = f"after step {beats[rank]['step']}" if beats[rank] else "before its first step"
         return Outcome("hung", rank=rank, code=EXIT_HUNG, cause=f"rank {rank} hung {where}")
 
     def _stack(self, rank: int, directory: pathlib.Path) -> str:
