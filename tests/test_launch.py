@@ -256,7 +256,8 @@ def test_usage_errors(tmp_path):
     for args, message in [(("--nproc", 0, script), "--nproc must be >= 1"),
                           ((script,), "--nproc is required"),
                           (("--nproc", 2, tmp_path / "missing.py"), "not found"),
-                          (("--nproc", 2, "--gpus", "0", script), "need 2 GPUs but 1 are available")]:
+                          (("--nproc", 2, "--gpus", "0", script), "need 2 GPUs but 1 are available"),
+                          (("--nproc", 2, "--nproc-min", 3, script), "--nproc-min must be in 1..--nproc (2), got 3")]:
         out = subprocess.run(launch_cmd(*args), env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
 
