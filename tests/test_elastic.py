@@ -22,9 +22,9 @@ from test_launch import ROOT, _metrics, _params, child_env, launch_cmd
 from snnjax import launch
 from snnjax.train.checkpoint import complete_steps
 
-STEPS = 60
+STEPS = 200  # long enough that the signals below land mid-run on a fast machine
 TRAIN = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", f"--config.num_steps={STEPS}",
-         "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10", "--config.keep_checkpoints=100",
+         "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=20", "--config.keep_checkpoints=100",
          "--config.parallel.mode=fsdp_tp", "--config.parallel.mesh=fsdp=-1,tensor=2"]
 TWO = ["--nproc", 2, "--devices-per-proc", 4]
 
@@ -85,9 +85,10 @@ def reference(tmp_path_factory):
 
 def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path, reference):
     proc = start(tmp_path, "run", *TWO, "--max-restarts", 1, "--grace-s", 2)
+    pid = rank_pid(proc, 1)
     wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints"), "the first checkpoint")
     time.sleep(random.uniform(0, 0.3))
-    os.kill(rank_pid(proc, 1), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     code, out = finish(proc, tmp_path, "run")
     assert code == 0, out[-3000:]
     restart = re.search(r"launch: restart 1 of 1 after rank 1 was killed by SIGKILL( at step \d+)?: 2 processes, "
@@ -102,7 +103,9 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path, referen
 
 
 def test_sigterm_saves_one_step_in_every_process_within_the_grace_period(tmp_path, reference):
-    quiet = [*TRAIN, "--config.log_every_steps=100000", "--config.checkpoint_every_steps=100000"]
+    # No logging step to agree at. (Checkpoints every 20 steps stay: with no host sync at all, 2 x 4 CPU devices
+    # with gloo can deadlock after some 36-75 steps in flight, with or without a signal.)
+    quiet = [*TRAIN, "--config.log_every_steps=100000"]
     proc = start(tmp_path, "run", *TWO, train=quiet)
     wait_for(lambda: "compiled in" in (tmp_path / "run.out").read_text(), "compilation")
     time.sleep(random.uniform(0, 0.3))
@@ -112,7 +115,7 @@ def test_sigterm_saves_one_step_in_every_process_within_the_grace_period(tmp_pat
     assert code == 143, out[-3000:]
     step = int(re.search(r"stopped by SIGTERM after step (\d+) of", out).group(1))
     assert f"launch: stopped all 2 processes on SIGTERM; each saved its checkpoint of step {step} (exit code 143" in out
-    assert complete_steps(tmp_path / "run" / "checkpoints") == [step] and step < STEPS
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step and step < STEPS
 
     code, out = finish(start(tmp_path, "run", *TWO, train=[*quiet, "--config.resume=True"]), tmp_path, "run")
     assert code == 0 and f"resuming at step {step}" in out, out[-3000:]
@@ -126,7 +129,7 @@ def test_sigterm_saves_one_step_in_every_process_within_the_grace_period(tmp_pat
     assert code == launch.EXIT_UNSAVED, out[-3000:]
     assert re.search(r"launch: stopped on SIGTERM, but rank \d was killed by SIGKILL 0.05 s after SIGTERM "
                      r"\(--grace-s\) before it saved its checkpoint", out), out[-3000:]
-    assert complete_steps(tmp_path / "short" / "checkpoints") == []
+    assert not re.search(r"stopped by SIGTERM", out)
 
 
 def test_a_stopped_process_is_reported_with_its_stack_and_ended(tmp_path):
@@ -163,12 +166,13 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
     halved and the global batch kept; its losses equal those of a 1-process run resumed from the same checkpoint."""
     (tmp_path / "wrapper.py").write_text(WRAPPER)
     train = [ROOT / "train.py", "--config", ROOT / "configs" / "digits.py", "--config.dtype=float64",
-             "--config.num_steps=40", "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10",
+             "--config.num_steps=100", "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10",
              "--config.keep_checkpoints=100", "--config.log_every_steps=1", "--config.parallel.mode=dp"]
     proc = start(tmp_path, "run", *TWO, "--max-restarts", 2, "--nproc-min", 1, "--grace-s", 1, train=train,
                  script=tmp_path / "wrapper.py")
+    pid = rank_pid(proc, 1)
     wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints"), "the first checkpoint")
-    os.kill(rank_pid(proc, 1), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     code, out = finish(proc, tmp_path, "run")
     assert code == 0, out[-3000:]
     assert re.search(r"launch: restart 1 of 2 after rank 1 was killed by SIGKILL[^:]*: 2 processes, ", out)
@@ -191,7 +195,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
         return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r and r["step"] > resumed}
 
     shrunk, single = losses(tmp_path / "run"), losses(tmp_path / "alone")
-    assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 41))
+    assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 101))
     assert shrunk == single
     assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
 
@@ -206,8 +210,8 @@ def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
 def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
     """SLURM signals every task of a preempted job: both save the same step and exit 143, the code a requeue script
     looks for; requeued on one node (SLURM_RESTART_COUNT=1), the job resumes by itself on half the devices."""
-    quiet = [sys.executable, ROOT / "train.py", *TRAIN, "--config.log_every_steps=100000",
-             "--config.checkpoint_every_steps=100000", "--workdir", tmp_path / "run"]
+    quiet = [sys.executable, ROOT / "train.py", *TRAIN, "--config.log_every_steps=100000", "--workdir",
+             tmp_path / "run"]
     port = launch.free_port()
     outs = [open(tmp_path / f"task{k}.out", "w") for k in range(2)]  # noqa: SIM115 (closed below)
     tasks = [subprocess.Popen(quiet, env=slurm_env(2, k, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -224,7 +228,7 @@ def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
     text = (tmp_path / "task0.out").read_text()
     assert codes == [143, 143], text[-3000:]
     step = int(re.search(r"stopped by SIGTERM after step (\d+) of", text).group(1))
-    assert complete_steps(tmp_path / "run" / "checkpoints") == [step] and step < STEPS
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step and step < STEPS
 
     requeued = subprocess.run(quiet, env=slurm_env(1, 0, port, SLURM_RESTART_COUNT="1"), cwd=ROOT,
                               capture_output=True, text=True, timeout=300)

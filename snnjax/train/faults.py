@@ -9,6 +9,7 @@ itself held NaN/inf inputs.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -206,20 +207,19 @@ class _Watch:
         while not self._closed.wait(self.period):
             step = self.step
             if self.agreement is not None:
-                try:
+                with contextlib.suppress(Exception):  # the coordinator is gone: the job ends, and the loop says why
                     self.agreement.poll(step, self.signals.received)
-                except Exception:  # noqa: BLE001 (the coordinator is gone: the job is ending; the loop reports it)
-                    self.agreement = None
             written_step, written_at = self._written
             now = time.monotonic()
             if self.start is not None and (step != written_step or now - written_at > 1.0) and now - written_at > 0.2:
-                self.heartbeat.write(self.start, step, self.time)
+                with contextlib.suppress(OSError):  # the launcher is gone (its directory with it)
+                    self.heartbeat.write(self.start, step, self.time)
                 self._written = (step, now)
 
     def close(self) -> None:
         self._closed.set()
         if self.thread is not None:
-            self.thread.join(timeout=5)
+            self.thread.join(timeout=1.0)  # a daemon: never hold up a preempted process
 
 
 def inputs_note(loader, data_name: str, done: int) -> str:

@@ -11,7 +11,10 @@ Faults a long run meets:
   written and waited for, one line says how to resume, and ``run`` raises
   :class:`Preempted` (``train.py`` exits with ``128 + signal``: 143, 130). The
   resumed run continues the same trajectory bitwise. A second signal stops at
-  once, as without these handlers.
+  once, as without these handlers. Several processes stop after the same step,
+  within a few steps of the signal reaching any of them (``faults.StopSignals``).
+* A restart by ``snnjax.launch --max-restarts`` (or a SLURM requeue): the run
+  resumes from the latest complete checkpoint without ``resume=True``.
 * A step whose loss or gradient norm is NaN/inf (``config.nonfinite``):
   ``"stop"`` raises :class:`NonFiniteError` naming the step, before anything
   after it is saved, and says whether that step's batch held NaN/inf inputs;
