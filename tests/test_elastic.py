@@ -22,7 +22,7 @@ from test_launch import ROOT, _metrics, _params, child_env, launch_cmd
 from snnjax import launch
 from snnjax.train.checkpoint import complete_steps
 
-STEPS = 200  # long enough that the signals below land mid-run on a fast machine
+STEPS = 100  # long enough that the signals below land mid-run on a fast machine
 TRAIN = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", f"--config.num_steps={STEPS}",
          "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=20", "--config.keep_checkpoints=100",
          "--config.parallel.mode=fsdp_tp", "--config.parallel.mesh=fsdp=-1,tensor=2"]
@@ -166,7 +166,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
     halved and the global batch kept; its losses equal those of a 1-process run resumed from the same checkpoint."""
     (tmp_path / "wrapper.py").write_text(WRAPPER)
     train = [ROOT / "train.py", "--config", ROOT / "configs" / "digits.py", "--config.dtype=float64",
-             "--config.num_steps=100", "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10",
+             "--config.num_steps=60", "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10",
              "--config.keep_checkpoints=100", "--config.log_every_steps=1", "--config.parallel.mode=dp"]
     proc = start(tmp_path, "run", *TWO, "--max-restarts", 2, "--nproc-min", 1, "--grace-s", 1, train=train,
                  script=tmp_path / "wrapper.py")
@@ -195,7 +195,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
         return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r and r["step"] > resumed}
 
     shrunk, single = losses(tmp_path / "run"), losses(tmp_path / "alone")
-    assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 101))
+    assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 61))
     assert shrunk == single
     assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
 

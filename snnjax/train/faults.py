@@ -108,6 +108,15 @@ class StopSignals:
             return None if final else self.received
         return watch.agreement.decide(done, self.received, final)
 
+    def settle(self, done: int) -> int | None:
+        """After the logging, evaluation and checkpoint of step ``done`` (not the last), before the next step: the
+        signal to stop on if the processes agreed on ``done`` only now (then the caller saves ``done``), else None.
+        May wait for the other processes to say how far they got (several processes only)."""
+        watch = self._watch
+        if watch is None or watch.agreement is None:
+            return None
+        return watch.agreement.settle(done, self.received)
+
 
 def _client():
     """The running ``jax.distributed`` job's key-value store client (jax has no public accessor)."""
@@ -124,10 +133,12 @@ class _Agreement:
     step past the agreed one), and ``at/<rank>`` (a process's step as its background thread last
     saw it, published once any stop is requested). The agreed step is the largest ``seen`` step.
     A process that saw the request runs on while some process is known to be further on (every
-    ``at`` and ``seen`` is a step the agreed one cannot be below), and waits only where none is;
-    then every process that has not seen the request is at or behind it, so it is not blocked on
-    this one and reaches the check within a step. No step waits on the device or the store until
-    a stop is requested; the polling of the store is the background thread's.
+    ``at`` and ``seen`` is a step the agreed one cannot be below), and waits only where none is,
+    after its step's logging, evaluation and checkpoint (``settle``); then every process that has
+    not seen the request is at or behind it and not blocked on this one (a checkpoint barrier or
+    an evaluation of this step has its part), so it reaches the check within a step. No step
+    waits on the device or the store until a stop is requested; the polling of the store is the
+    background thread's.
     """
 
     def __init__(self, client, prefix: str):
@@ -150,14 +161,33 @@ class _Agreement:
             self._at = step
 
     def decide(self, done: int, received: int | None, final: bool) -> int | None:
-        if self._stop is not None:
-            step, signum = self._stop
-            return signum if done >= step and not final else None
-        if final:  # no process goes past the last step: say so, in case some process waits for this one
+        """At the boundary of step ``done``, before its logging, evaluation and checkpoint: never waits."""
+        if self._stop is None and final:  # no process goes past the last step: say so, for any process waiting
             self._set("seen", f"{done},{received or 0}")
             return None
-        if received is None and not self._requested():
+        if self._stop is None and self._notice(done, received):
+            self._read()
+        return self._decided(done, final)
+
+    def settle(self, done: int, received: int | None) -> int | None:
+        """After the boundary work of step ``done``, before the next step: wait while no process is known to be
+        further on and not every process has seen the request. Processes that have not seen it are then at
+        ``done`` or behind, and the work of this boundary (a checkpoint barrier, an evaluation) is done, so
+        none of them is blocked on this one."""
+        if self._stop is None and not self._notice(done, received):
             return None
+        while self._stop is None:
+            further = self._read()
+            if self._stop is None and done < further:
+                return None  # the agreed step is beyond this one
+            if self._stop is None:
+                time.sleep(0.005)
+        return self._decided(done, False)
+
+    def _notice(self, done: int, received: int | None) -> bool:
+        """Whether a stop is requested; the first time, publish this process's signal and ``seen`` step."""
+        if received is None and not self._requested():
+            return False
         if received is not None and not self._signalled:
             self._set("signal", str(received))
             self._signalled = True
@@ -165,16 +195,22 @@ class _Agreement:
             known = [int(v) for k, v in self.entries.items() if "/signal/" in k]
             self._set("seen", f"{done},{received or max(known, default=0)}")
             self._seen = done
-        while True:
-            self.entries = dict(self.client.key_value_dir_get(self.prefix + "/"))
-            seen = [tuple(map(int, v.split(","))) for k, v in self.entries.items() if "/seen/" in k]
-            if len(seen) == self.count:
-                self._stop = (max(s for s, _ in seen), max(sig for _, sig in seen))
-                return self.decide(done, received, final)
-            at = [int(v) for k, v in self.entries.items() if "/at/" in k]
-            if done < max([s for s, _ in seen] + at):
-                return None  # the agreed step is beyond this one
-            time.sleep(0.005)
+        return True
+
+    def _read(self) -> int:
+        """Read the store; set the agreed stop once every process has seen the request. Returns the furthest
+        step known (every ``seen`` and ``at``): the agreed step is not below it."""
+        self.entries = dict(self.client.key_value_dir_get(self.prefix + "/"))
+        seen = [tuple(map(int, v.split(","))) for k, v in self.entries.items() if "/seen/" in k]
+        if len(seen) == self.count:
+            self._stop = (max(s for s, _ in seen), max(sig for _, sig in seen))
+        return max([s for s, _ in seen] + [int(v) for k, v in self.entries.items() if "/at/" in k], default=-1)
+
+    def _decided(self, done: int, final: bool) -> int | None:
+        if self._stop is None or final:
+            return None
+        step, signum = self._stop
+        return signum if done >= step else None
 
     def _requested(self) -> bool:
         return any("/signal/" in k for k in self.entries)

@@ -468,6 +468,12 @@ class Trainer:
                     window_t += time.perf_counter() - t
                 if save_now:
                     self._save()
+                if stop is None and not final:  # several processes: the stop may be agreed on this step only now
+                    stop = self._signals.settle(done)
+                    if stop is not None and not save_now:
+                        self._check_finite(unchecked, progress)
+                        unchecked = []
+                        self._save()
                 if stop is not None:
                     break
         if stop is not None:
