@@ -76,7 +76,9 @@ def main(argv: list[str]) -> int:
         config_lib.validate(config)
         summary = train_and_evaluate(config, workdir)
     except Preempted as e:  # the run said where its checkpoint is and how to resume
-        return e.exit_code  # 128 + signal (143 SIGTERM, 130 SIGINT), as a shell reports death by that signal
+        # 128 + signal (143 SIGTERM, 130 SIGINT), as a shell reports death by that signal; at once, within the
+        # scheduler's grace period
+        distributed.exit_now(e.exit_code)
     except (ValueError, FileNotFoundError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

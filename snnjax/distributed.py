@@ -14,13 +14,25 @@ the exit barrier waits at most ``T`` seconds, so a broken job ends within about 
 ``T`` must exceed the longest a process may rightly wait for the others (a checkpoint
 write, the end of the run on process 0). Left unset, jax's defaults apply (heartbeats
 100 s, exit barrier 300 s, CPU collectives 30 min).
+
+Under ``python -m snnjax.launch`` a process also learns (``launch_info()``) which attempt of
+the job it is (``SNNJAX_ATTEMPT``: 0 first, then 1, 2, ... after restarts, or SLURM's
+``SLURM_RESTART_COUNT`` after a requeue) and why the job was restarted before
+(``SNNJAX_RESTARTS``, JSON); it writes a heartbeat (``Heartbeat``) that the launcher reads
+to find a hung process, and dumps its Python stack to a per-rank file on SIGUSR1.
 """
 from __future__ import annotations
 
+import dataclasses
+import faulthandler
+import json
 import math
 import os
+import pathlib
 import re
+import signal
 import socket
+import threading
 import time
 
 import jax
@@ -29,6 +41,10 @@ ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_COLLECTIVE_TIMEOUT = "SNNJAX_COLLECTIVE_TIMEOUT_S"
+ENV_ATTEMPT = "SNNJAX_ATTEMPT"  # 0, 1, 2, ...: restarts of the job so far
+ENV_RESTARTS = "SNNJAX_RESTARTS"  # JSON list: one {"attempt", "processes", "cause", "resumed_step"} per restart
+ENV_HEARTBEAT_DIR = "SNNJAX_HEARTBEAT_DIR"  # where rank k writes heartbeat{k}.json and, on SIGUSR1, stack{k}.txt
+STACK_SIGNAL = signal.SIGUSR1
 # Cluster environments whose process count is in the environment: a one-task job there
 # (a shell inside `salloc`, say) stays a plain single process.
 _PROCESS_COUNT_VARS = {"SlurmCluster": "SLURM_NTASKS", "OmpiCluster": "OMPI_COMM_WORLD_SIZE"}
@@ -62,6 +78,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         jax's defaults).
     """
     global _joined
+    _dump_stack_on_signal()
     address = coordinator_address if coordinator_address is not None else os.environ.get(ENV_COORDINATOR) or None
     count = num_processes if num_processes is not None else _env_number(ENV_NUM_PROCESSES, int, "an integer")
     index = process_id if process_id is not None else _env_number(ENV_PROCESS_ID, int, "an integer")
@@ -92,6 +109,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                          f"variables {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}), or none for a "
                          "single process")
     if not any(given) and _cluster_process_count(cluster) == 1:
+        return False
+    if count == 1:  # a job of one process (the launcher's --nproc 1, or a job shrunk to one): nothing to join
         return False
 
     _before_backend("join a multi-process job")
@@ -202,3 +221,93 @@ def _set_xla_flag(name: str, value: int) -> None:
     """Set ``--name=value`` in ``XLA_FLAGS`` (replacing any), read when the backend starts."""
     kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{name}=")]
     os.environ["XLA_FLAGS"] = " ".join([*kept, f"--{name}={value}"])
+
+
+# -- the launcher's side channel ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchInfo:
+    """What the launcher (or SLURM) tells a process about earlier attempts of its job."""
+
+    attempt: int  # 0 on the first start; n after n restarts (or SLURM requeues)
+    restarts: tuple[dict, ...]  # one record per launcher restart: attempt, processes, cause, resumed_step
+
+    @property
+    def restarted(self) -> bool:
+        """True when an earlier attempt ran: the job continues from its latest complete checkpoint."""
+        return self.attempt > 0
+
+
+def launch_info() -> LaunchInfo:
+    """This process's attempt (``$SNNJAX_ATTEMPT``, else ``$SLURM_RESTART_COUNT``, else 0) and restart records."""
+    attempt = _env_number(ENV_ATTEMPT, int, "an integer")
+    if attempt is None:
+        attempt = _env_number("SLURM_RESTART_COUNT", int, "an integer") or 0
+    raw = os.environ.get(ENV_RESTARTS, "").strip()
+    try:
+        restarts = tuple(json.loads(raw)) if raw else ()
+    except ValueError:
+        raise ValueError(f"environment variable {ENV_RESTARTS}={raw!r} is not a JSON list") from None
+    return LaunchInfo(attempt, restarts)
+
+
+def _rank() -> int:
+    return _env_number(ENV_PROCESS_ID, int, "an integer") or 0
+
+
+def _dump_stack_on_signal() -> None:
+    """Under the launcher: on SIGUSR1, write every thread's Python stack to ``stack<rank>.txt`` (faulthandler runs
+    in the signal handler itself, so it answers even while the main thread is blocked in native code)."""
+    directory = os.environ.get(ENV_HEARTBEAT_DIR)
+    if not directory or getattr(_dump_stack_on_signal, "file", None) is not None:
+        return
+    _dump_stack_on_signal.file = open(pathlib.Path(directory) / f"stack{_rank()}.txt", "w")  # noqa: SIM115 (kept open)
+    faulthandler.register(STACK_SIGNAL, file=_dump_stack_on_signal.file, all_threads=True)
+
+
+class Heartbeat:
+    """Writes ``{"pid", "attempt", "start", "step", "time", "saved"}`` to
+    ``$SNNJAX_HEARTBEAT_DIR/heartbeat<rank>.json``.
+
+    ``step`` is the last step this process finished dispatching, ``time`` when (Unix seconds), ``start`` the step
+    the run began or resumed at, ``saved`` the step whose checkpoint a stop signal had it write (waited for), or
+    None. Without the launcher's directory it writes nothing.
+    """
+
+    def __init__(self):
+        directory = os.environ.get(ENV_HEARTBEAT_DIR)
+        self.path = pathlib.Path(directory) / f"heartbeat{_rank()}.json" if directory else None
+        self.attempt = launch_info().attempt if directory else 0
+        self.saved: int | None = None
+        self._lock = threading.Lock()  # the loop and its watching thread both write
+
+    def write(self, start: int, step: int, at: float) -> None:
+        if self.path is None:
+            return
+        record = {"pid": os.getpid(), "attempt": self.attempt, "start": start, "step": step, "time": at,
+                  "saved": self.saved}
+        with self._lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.path)  # the launcher never reads half a record
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` at once: run the ``atexit`` handlers (jax's leaves the job cleanly), flush, and skip the
+    interpreter's teardown, which can take seconds (a preempted process has little time between its signals)."""
+    import atexit  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def read_heartbeat(directory: str | pathlib.Path, rank: int) -> dict | None:
+    """Rank ``rank``'s last heartbeat in ``directory``, or None if it has written none."""
+    try:
+        return json.loads((pathlib.Path(directory) / f"heartbeat{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None

@@ -82,7 +82,8 @@ WAITER = """
     out = pathlib.Path(sys.argv[1])
     if rank in map(int, sys.argv[3].split(",")):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, lambda *_: ((out / f"sigint{rank}").write_text("1"), sys.exit(0)))
+    # As train.py does after saving its checkpoint: exit with 128 + signal.
+    signal.signal(signal.SIGINT, lambda *_: ((out / f"sigint{rank}").write_text("1"), sys.exit(130)))
     (out / f"pid{rank}.tmp").write_text(str(os.getpid()))
     (out / f"pid{rank}.tmp").rename(out / f"pid{rank}")
     print("waiting\\r", end="", file=sys.stderr, flush=True)  # a line left open, as progress bars do
@@ -103,6 +104,7 @@ def test_single_process_is_a_no_op(monkeypatch):
                  *CLUSTER_VARS):
         monkeypatch.delenv(name, raising=False)
     assert distributed.initialize() is False
+    assert distributed.initialize("127.0.0.1:1234", 1, 0) is False  # a job of one process (the launcher's --nproc 1)
     assert not jax.distributed.is_initialized()
     # Any Kubernetes pod looks like a job to jax; only an Indexed Job (JOB_COMPLETION_INDEX) is one.
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
@@ -254,7 +256,8 @@ def test_usage_errors(tmp_path):
     for args, message in [(("--nproc", 0, script), "--nproc must be >= 1"),
                           ((script,), "--nproc is required"),
                           (("--nproc", 2, tmp_path / "missing.py"), "not found"),
-                          (("--nproc", 2, "--gpus", "0", script), "need 2 GPUs but 1 are available")]:
+                          (("--nproc", 2, "--gpus", "0", script), "need 2 GPUs but 1 are available"),
+                          (("--nproc", 2, "--nproc-min", 3, script), "--nproc-min must be in 1..--nproc (2), got 3")]:
         out = subprocess.run(launch_cmd(*args), env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
 
@@ -288,8 +291,20 @@ def test_signals_reach_the_children_and_the_launcher_takes_them_along(tmp_path, 
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGINT, err
+    assert "launch: stopped all 2 processes on SIGINT; each saved its checkpoint (exit code 130: resumable)" in err
     assert sorted(p.name for p in (tmp_path / "a").glob("sigint*")) == ["sigint0", "sigint1"]
     assert not [p for p in pids if alive(p)]
+    # A process that cannot stop in --grace-s is killed: not 128 + signal, and the launcher names it.
+    (tmp_path / "c").mkdir()
+    proc = subprocess.Popen(launch_cmd("--nproc", 2, "--grace-s", 0.5, script, tmp_path / "c", -1, 1),
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cleanup += wait_for_pids(tmp_path / "c", 2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == launch.EXIT_UNSAVED, err
+    assert ("launch: stopped on SIGTERM, but rank 1 was killed by SIGKILL 0.5 s after SIGTERM (--grace-s) before it "
+            "saved its checkpoint (a process that saved exits with 143); exit code 125") in err
+    assert "rank 0 was killed by SIGTERM without saving" in err  # the default action: no handler, no checkpoint
     # A launcher killed outright (no chance to clean up) takes its children with it.
     proc = subprocess.Popen(launch_cmd("--nproc", 2, script, tmp_path / "b", -1, "0,1"), env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

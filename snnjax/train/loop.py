@@ -11,7 +11,10 @@ Faults a long run meets:
   written and waited for, one line says how to resume, and ``run`` raises
   :class:`Preempted` (``train.py`` exits with ``128 + signal``: 143, 130). The
   resumed run continues the same trajectory bitwise. A second signal stops at
-  once, as without these handlers.
+  once, as without these handlers. Several processes stop after the same step,
+  within a few steps of the signal reaching any of them (``faults.StopSignals``).
+* A restart by ``snnjax.launch --max-restarts`` (or a SLURM requeue): the run
+  resumes from the latest complete checkpoint without ``resume=True``.
 * A step whose loss or gradient norm is NaN/inf (``config.nonfinite``):
   ``"stop"`` raises :class:`NonFiniteError` naming the step, before anything
   after it is saved, and says whether that step's batch held NaN/inf inputs;
@@ -39,7 +42,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from snnjax import monitor, parallel
+from snnjax import distributed, monitor, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import DataShape, sizes_from_data
@@ -271,7 +274,8 @@ class Trainer:
     def _open_checkpoints(self) -> None:
         ckpt_dir = self.workdir / "checkpoints"
         existing = bool(complete_steps(ckpt_dir))  # a failed first save leaves only a tmp folder: start afresh
-        if self.c.resume:
+        # A job the launcher restarted (or SLURM requeued) continues from its latest complete checkpoint.
+        if self.c.resume or (existing and distributed.launch_info().restarted):
             if not existing:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
                                       "--config.resume=True to start fresh, or pass the run's --workdir")
@@ -328,6 +332,7 @@ class Trainer:
     def _stop(self, signum: int, done: int) -> None:
         """After the checkpoint of step ``done`` was saved: wait for it, say how to resume, raise ``Preempted``."""
         self.checkpointer.wait()
+        self._signals.saved(done)
         message = (f"stopped by {signal.Signals(signum).name} after step {done} of {self.total_steps}: checkpoint "
                    f"{self.workdir / 'checkpoints' / str(done)} is on disk; to continue, rerun the same command "
                    "with --config.resume=True")
@@ -458,7 +463,7 @@ class Trainer:
                 done = step + 1
                 unchecked.append((done, metrics))
                 final = done == self.total_steps
-                stop = None if final else self._signals.agreed(done, c.log_every_steps)
+                stop = self._signals.agreed(done, final)
                 if not final and stop is None:
                     batch = _global_batch(self.mesh, next(batches), self.time_major)
                 log_now = done % c.log_every_steps == 0 or final
@@ -498,6 +503,12 @@ class Trainer:
                     window_t += time.perf_counter() - t
                 if save_now:
                     self._save()
+                if stop is None and not final:  # several processes: the stop may be agreed on this step only now
+                    stop = self._signals.settle(done)
+                    if stop is not None and not save_now:
+                        self._check_finite(unchecked, progress)
+                        unchecked = []
+                        self._save()
                 if stop is not None:
                     break
         if stop is not None:
@@ -509,7 +520,7 @@ class Trainer:
         return {
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": self.skipped_steps, "restarts": _restarts(start),
             "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": self.model_name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
@@ -522,6 +533,14 @@ class Trainer:
     def _log(self, message: str) -> None:
         if self.is_main:
             print(message, flush=True)
+
+
+def _restarts(start: int) -> list[dict[str, Any]]:
+    """The launcher's restarts of this job (attempt, processes, cause, resumed step), this run's start filled in."""
+    records = [dict(r) for r in distributed.launch_info().restarts]
+    if records and records[-1].get("resumed_step") is None:
+        records[-1]["resumed_step"] = start
+    return records
 
 
 def train_and_evaluate(c: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict[str, Any]:

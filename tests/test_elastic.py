@@ -1,0 +1,240 @@
+"""Elastic runs under ``python -m snnjax.launch``: stop agreement, restarts, shrinking, hang detection.
+
+Every job is the digits MLP in float64 on 2 processes x 4 CPU devices (FSDP across the processes, tensor
+parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted run the interrupted
+ones must reproduce bitwise.
+"""
+import json
+import os
+import pathlib
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_launch import ROOT, _metrics, _params, child_env, launch_cmd
+
+from snnjax import launch
+from snnjax.train.checkpoint import complete_steps
+
+STEPS = 100  # long enough that the signals below land mid-run on a fast machine
+TRAIN = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", f"--config.num_steps={STEPS}",
+         "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=20", "--config.keep_checkpoints=100",
+         "--config.parallel.mode=fsdp_tp", "--config.parallel.mesh=fsdp=-1,tensor=2"]
+TWO = ["--nproc", 2, "--devices-per-proc", 4]
+
+
+def start(tmp_path, name: str, *launcher_args, train=TRAIN, script=ROOT / "train.py") -> subprocess.Popen:
+    """The launcher on ``train.py`` in workdir ``tmp_path/name``; its output goes to ``tmp_path/name.out``."""
+    out = open(tmp_path / f"{name}.out", "w")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(launch_cmd(*launcher_args, script, *train, "--workdir", tmp_path / name),
+                            env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, tmp_path, name: str, timeout: float = 300) -> tuple[int, str]:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, (tmp_path / f"{name}.out").read_text()
+
+
+def wait_for(predicate, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the launcher's child of rank ``rank`` (its JAX_PROCESS_ID)."""
+    def find():
+        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher.pid:
+                    continue
+                env = (stat.parent / "environ").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if f"JAX_PROCESS_ID={rank}".encode() in env:
+                return int(stat.parent.name)
+        return None
+    return wait_for(find, f"rank {rank}'s process")
+
+
+def assert_bitwise(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys() and any("params" in k for k in want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("reference")
+    code, out = finish(start(tmp_path, "run", *TWO), tmp_path, "run")
+    assert code == 0, out[-3000:]
+    return _params(tmp_path / "run")
+
+
+def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path, reference):
+    proc = start(tmp_path, "run", *TWO, "--max-restarts", 1, "--grace-s", 2)
+    pid = rank_pid(proc, 1)
+    wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints"), "the first checkpoint")
+    time.sleep(random.uniform(0, 0.3))
+    os.kill(pid, signal.SIGKILL)
+    code, out = finish(proc, tmp_path, "run")
+    assert code == 0, out[-3000:]
+    restart = re.search(r"launch: restart 1 of 1 after rank 1 was killed by SIGKILL( at step \d+)?: 2 processes, "
+                        r"resumed at step (\d+)\n", out)
+    assert restart, out[-3000:]
+    resumed = int(restart.group(2))
+    assert f"resuming at step {resumed}" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["restarts"] == [{"attempt": 1, "processes": 2, "resumed_step": resumed,
+                                    "cause": re.search(r"after (rank 1 [^:]*):", out).group(1)}]
+    assert_bitwise(_params(tmp_path / "run"), reference)
+
+
+def test_sigterm_saves_one_step_in_every_process_within_the_grace_period(tmp_path, reference):
+    # No logging step to agree at. (Checkpoints every 20 steps stay: with no host sync at all, 2 x 4 CPU devices
+    # with gloo can deadlock after some 36-75 steps in flight, with or without a signal.)
+    quiet = [*TRAIN, "--config.log_every_steps=100000"]
+    proc = start(tmp_path, "run", *TWO, train=quiet)
+    wait_for(lambda: "compiled in" in (tmp_path / "run.out").read_text(), "compilation")
+    time.sleep(random.uniform(0, 0.3))
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, tmp_path, "run")
+    # 143 only if every process saved and exited by itself within --grace-s (5 s), else the launcher kills it.
+    assert code == 143, out[-3000:]
+    step = int(re.search(r"stopped by SIGTERM after step (\d+) of", out).group(1))
+    assert f"launch: stopped all 2 processes on SIGTERM; each saved its checkpoint of step {step} (exit code 143" in out
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step and step < STEPS
+
+    code, out = finish(start(tmp_path, "run", *TWO, train=[*quiet, "--config.resume=True"]), tmp_path, "run")
+    assert code == 0 and f"resuming at step {step}" in out, out[-3000:]
+    assert_bitwise(_params(tmp_path / "run"), reference)
+
+    # Too short a grace period to save: not 143, and the launcher says which process was killed before saving.
+    proc = start(tmp_path, "short", *TWO, "--grace-s", 0.05, train=quiet)
+    wait_for(lambda: "compiled in" in (tmp_path / "short.out").read_text(), "compilation")
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, tmp_path, "short")
+    assert code == launch.EXIT_UNSAVED, out[-3000:]
+    assert re.search(r"launch: stopped on SIGTERM, but rank \d was killed by SIGKILL 0.05 s after SIGTERM "
+                     r"\(--grace-s\) before it saved its checkpoint", out), out[-3000:]
+    assert not re.search(r"stopped by SIGTERM", out)
+
+
+def test_a_stopped_process_is_reported_with_its_stack_and_ended(tmp_path):
+    fast = ["--config", ROOT / "configs" / "digits.py", "--config.num_steps=100000",
+            "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000"]
+    timeout = 4
+    proc = start(tmp_path, "run", "--nproc", 2, "--hang-timeout-s", timeout, "--grace-s", 1, train=fast)
+    wait_for(lambda: "compiled in" in (tmp_path / "run.out").read_text(), "compilation")
+    time.sleep(1)
+    os.kill(rank_pid(proc, 1), signal.SIGSTOP)
+    stopped = time.monotonic()
+    code, out = finish(proc, tmp_path, "run")
+    took = time.monotonic() - stopped
+    assert code == launch.EXIT_HUNG, out[-3000:]
+    assert re.search(r"launch: rank 1 made no progress (for \d+ s after step \d+|before its first step, while another "
+                     rf"waited \d+ s) \(--hang-timeout-s {timeout}\); its Python stack:\n\[rank 1\] (Thread|Current "
+                     r"thread)", out), out[-3000:]
+    assert re.search(r'\[rank 1\]   File ".*train.py", line \d+ in <module>', out), out[-3000:]
+    assert re.search(r"launch: rank 1 hung (after step \d+|before its first step); stopped the other 1 process", out)
+    assert took < timeout + 10, f"the job ended {took:.1f} s after the process stopped"
+
+
+WRAPPER = """
+import os, runpy, sys
+if int(os.environ["SNNJAX_ATTEMPT"]) >= 1 and int(os.environ["JAX_PROCESS_ID"]) >= 1:
+    sys.exit("this host is gone")  # the process fails again at once when restarted
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
+    """Rank 1 is killed, then fails again at the restart: the job goes on as 1 process x 4 devices, the data axis
+    halved and the global batch kept; its losses equal those of a 1-process run resumed from the same checkpoint."""
+    (tmp_path / "wrapper.py").write_text(WRAPPER)
+    train = [ROOT / "train.py", "--config", ROOT / "configs" / "digits.py", "--config.dtype=float64",
+             "--config.num_steps=60", "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=10",
+             "--config.keep_checkpoints=100", "--config.log_every_steps=1", "--config.parallel.mode=dp"]
+    proc = start(tmp_path, "run", *TWO, "--max-restarts", 2, "--nproc-min", 1, "--grace-s", 1, train=train,
+                 script=tmp_path / "wrapper.py")
+    pid = rank_pid(proc, 1)
+    wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints"), "the first checkpoint")
+    os.kill(pid, signal.SIGKILL)
+    code, out = finish(proc, tmp_path, "run")
+    assert code == 0, out[-3000:]
+    assert re.search(r"launch: restart 1 of 2 after rank 1 was killed by SIGKILL[^:]*: 2 processes, ", out)
+    assert "launch: restart 2 of 2 after rank 1 exited with code 1: 1 process, resumed at step" in out, out[-3000:]
+    resumed = int(re.search(r"restart 2 of 2 .* resumed at step (\d+)", out).group(1))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["mesh"]["data"] == 4 and summary["global_batch_size"] == 64
+    assert [r["processes"] for r in summary["restarts"]] == [2, 1]
+
+    # The same checkpoint resumed by one process with 4 devices, no launcher.
+    (tmp_path / "alone" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "run" / "checkpoints" / str(resumed), tmp_path / "alone" / "checkpoints" / str(resumed))
+    alone = subprocess.run([sys.executable, *train, "--config.resume=True", "--workdir", tmp_path / "alone"],
+                           env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+
+    def losses(workdir):  # the last record of each step (a restarted job logs the steps after its checkpoint again)
+        rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r and r["step"] > resumed}
+
+    shrunk, single = losses(tmp_path / "run"), losses(tmp_path / "alone")
+    assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 61))
+    assert shrunk == single
+    assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
+
+
+def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
+    """What srun sets for task ``task`` of ``tasks`` on this machine (by hand: no SLURM here)."""
+    return child_env(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
+                     SLURM_PROCID=str(task), SLURM_LOCALID=str(task), JAX_COORDINATOR_PORT=str(port),
+                     XLA_FLAGS="--xla_force_host_platform_device_count=4", **extra)
+
+
+def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
+    """SLURM signals every task of a preempted job: both save the same step and exit 143, the code a requeue script
+    looks for; requeued on one node (SLURM_RESTART_COUNT=1), the job resumes by itself on half the devices."""
+    quiet = [sys.executable, ROOT / "train.py", *TRAIN, "--config.log_every_steps=100000", "--workdir",
+             tmp_path / "run"]
+    port = launch.free_port()
+    outs = [open(tmp_path / f"task{k}.out", "w") for k in range(2)]  # noqa: SIM115 (closed below)
+    tasks = [subprocess.Popen(quiet, env=slurm_env(2, k, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+             for k, out in enumerate(outs)]
+    try:
+        wait_for(lambda: "compiled in" in (tmp_path / "task0.out").read_text(), "compilation")
+        for task in tasks:
+            task.send_signal(signal.SIGTERM)
+        codes = [task.wait(timeout=120) for task in tasks]
+    finally:
+        for task, out in zip(tasks, outs, strict=True):
+            task.kill()
+            out.close()
+    text = (tmp_path / "task0.out").read_text()
+    assert codes == [143, 143], text[-3000:]
+    step = int(re.search(r"stopped by SIGTERM after step (\d+) of", text).group(1))
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step and step < STEPS
+
+    requeued = subprocess.run(quiet, env=slurm_env(1, 0, port, SLURM_RESTART_COUNT="1"), cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert "fsdp=2 x tensor=2" in requeued.stdout and f"resuming at step {step}" in requeued.stdout
+    resumed = _params(tmp_path / "run")
+    for key, want in reference.items():  # another layout for the last steps: equal to rounding
+        scale = max(float(np.max(np.abs(want))), 1e-300)
+        assert np.max(np.abs(resumed[key] - want)) <= 1e-12 * scale, key
