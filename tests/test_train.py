@@ -136,11 +136,23 @@ def test_killed_run_resumes_bitwise_equal(tmp_path):
 
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
 # Flags that shrink each model for a smoke run; sizes the data gives (for 16x16x2 frames, 10 classes, T=2).
+_RESNET = ["--config.model.widths=(4,4,8,8)", "--config.model.stage_blocks=(1,1,1,1)"]
 SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)"],
-          "spikformer": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"]}
+          "spikformer": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
+          "spiking_resnet18": _RESNET, "sew_resnet18": _RESNET,
+          "dvsgesture_net": ["--config.model.stages=2", "--config.model.channels=4",
+                             "--config.model.hidden_features=8"],
+          "sdt": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
+          "qkformer": ["--config.model.embed_dims=16", "--config.model.num_heads=(2,2,2)",
+                       "--config.model.depths=(1,1,1)"]}
+_TRANSFORMER_16x16 = {"in_channels": 2, "num_classes": 10, "T": 2}
 SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "cifar10dvs_vgg": {"in_channels": 2, "image_size": 16, "num_classes": 10},
-               "spikformer": {"in_channels": 2, "img_size": (16, 16), "num_classes": 10, "T": 2}}
+               "spikformer": {"in_channels": 2, "img_size": (16, 16), "num_classes": 10, "T": 2},
+               "spiking_resnet18": {"in_channels": 2, "num_classes": 10}, "sew_resnet18": {"in_channels": 2,
+                                                                                          "num_classes": 10},
+               "dvsgesture_net": {"in_channels": 2, "image_size": 16, "num_classes": 10},
+               "sdt": _TRANSFORMER_16x16, "qkformer": _TRANSFORMER_16x16}
 
 
 def num_params(model_name: str, model_options: dict) -> int:

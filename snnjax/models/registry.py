@@ -135,6 +135,7 @@ _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
 # Options every model takes besides its constructor's: the multi-step neurons' implementation
 # (``snnjax.neurons.dispatch``; set on the built model's neurons).
 COMMON_OPTIONS = {"neuron_impl": "auto"}
+TUPLE_KEYS = ("widths", "pools", "hidden", "stage_blocks")  # options given as sequences (tuples in the config)
 
 
 def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -173,7 +174,9 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
             continue
         if key == "surrogate_function":
             default = sg.name_of(default)
-        c[key] = REGISTRY[name].defaults.get(key, default)
+        default = REGISTRY[name].defaults.get(key, default)
+        # A tuple option left unset (None) stays overridable from the command line, as a tuple.
+        c[key] = ml_collections.config_dict.placeholder(tuple) if default is None and key in TUPLE_KEYS else default
     for key, value in overrides.items():
         c[key] = value
     return c
@@ -199,8 +202,8 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
         raise ValueError(f"model.neuron_impl={impl!r} is not a neuron implementation; choose one of {list(IMPLS)}")
     if isinstance(kwargs.get("surrogate_function"), str):
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
-    for key in ("widths", "pools", "hidden", "stage_blocks"):
-        if key in kwargs:
+    for key in TUPLE_KEYS:
+        if key in kwargs and kwargs[key] is not None:
             kwargs[key] = tuple(kwargs[key])
     model = MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     set_impl(model, impl)
