@@ -174,7 +174,7 @@ def test_auto_mode_chooses_a_pipeline_when_nothing_else_fits():
     ("fsdp", "data=8", None, "needs the mesh axis 'fsdp' > 1"),
     ("dp_tp", "tensor=8", None, "needs the mesh axis 'data' > 1"),
     ("dp", "data=4,tensor=2", None, "set tensor=1 or choose a mode that uses 'tensor'"),
-    ("fsdp", "fsdp=4,stage=2", None, "mode=pp, or stage=1"),
+    ("fsdp", "fsdp=4,stage=2", None, "mode=pp .mode=.pp. in Python., or stage=1"),
     ("tp", "tensor=8", 1, "zero_stage=1 shards over the data axis"),
     ("dp", "data=8", 3, "zero_stage must be 0, 1 or 2"),
     ("pp", "data=8", None, "pipelines over the mesh axis stage"),

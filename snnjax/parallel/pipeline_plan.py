@@ -43,12 +43,17 @@ class PipelineOptions:
     layout: str = ""
 
 
+def option(name: str) -> str:
+    """A pipeline option as both callers spell it: the config key, and ``PipelineOptions``'s field in Python."""
+    return f"parallel.pp.{name} (PipelineOptions({name}=...) in Python)"
+
+
 def parse_layout(text: str, num_units: int, num_stages: int, names: Sequence[str]) -> tuple[int, ...]:
     """``"2|3|3|2"`` -> ``(2, 3, 3, 2)``, checked against the model's units and the (virtual) stage count."""
     try:
         counts = tuple(int(p) for p in text.split("|"))
     except ValueError:
-        raise ValueError(f"parallel.pp.layout={text!r} must be unit counts separated by '|', e.g. '2|3|3|2'") from None
+        raise ValueError(f"{option('layout')}={text!r} must be unit counts separated by '|', e.g. '2|3|3|2'") from None
     if len(counts) != num_stages or min(counts) < 1 or sum(counts) != num_units:
         raise ValueError(f"parallel.pp.layout={text!r} must give each of the {num_stages} (virtual) stages at least "
                          f"one unit and add up to the model's {num_units} units ({', '.join(names)})")
@@ -123,7 +128,7 @@ def choose_microbatches(batch: int, shards: int, stages: int, virtual: int, sche
     if not options:
         need = "a multiple of the stage count, " if schedule == "interleaved" else ""
         raise ValueError(f"no microbatch count M divides the batch of {batch} into {need}microbatches divisible over "
-                         f"data x fsdp = {shards}; change global_batch_size or set parallel.pp.microbatches")
+                         f"data x fsdp = {shards}; change global_batch_size or set {option('microbatches')}")
     return options[0][0]
 
 
@@ -135,28 +140,28 @@ def make_spec(model: nnx.Module, stages: int, options: PipelineOptions, *, globa
     ``input_shape``: the model's batch input ``[T, N, ...]`` (for the cost-balanced split).
     """
     if options.schedule not in SCHEDULES:
-        raise ValueError(f"parallel.pp.schedule={options.schedule!r} is not one of {list(SCHEDULES)}")
+        raise ValueError(f"{option('schedule')}={options.schedule!r} is not one of {list(SCHEDULES)}")
     virtual = options.virtual_stages
     if virtual < 1 or (virtual > 1 and options.schedule != "interleaved"):
-        raise ValueError(f"parallel.pp.virtual_stages={virtual}: must be >= 1, and > 1 only with the 'interleaved' "
+        raise ValueError(f"{option('virtual_stages')}={virtual}: must be >= 1, and > 1 only with the 'interleaved' "
                          "schedule")
     reasons = []
     m = options.microbatches
     if m < 0:
-        raise ValueError(f"parallel.pp.microbatches must be >= 0 (0: automatic), got {m}")
+        raise ValueError(f"{option('microbatches')} must be >= 0 (0: automatic), got {m}")
     if m == 0:
         if global_batch_size is None:
             raise ValueError("an automatic microbatch count needs the global batch size; pass global_batch_size or "
-                             "set parallel.pp.microbatches")
+                             f"set {option('microbatches')}")
         m = choose_microbatches(global_batch_size, batch_shards, stages, virtual, options.schedule)
         reasons.append(f"{m} microbatches of {global_batch_size // m}: the lowest estimated step time "
                        f"(ticks x (fixed cost of {OVERHEAD_EXAMPLES:g} examples + microbatch size))")
     elif global_batch_size is not None and (global_batch_size % m or (global_batch_size // m) % batch_shards):
         raise ValueError(f"the batch of {global_batch_size} does not split into {m} microbatches divisible over "
-                         f"data x fsdp = {batch_shards}; change parallel.pp.microbatches or global_batch_size")
+                         f"data x fsdp = {batch_shards}; change {option('microbatches')} or global_batch_size")
     if options.schedule == "interleaved" and m % stages:
         raise ValueError(f"the interleaved schedule runs microbatches in rounds of one per stage: "
-                         f"parallel.pp.microbatches={m} must be a multiple of stage={stages}")
+                         f"{option('microbatches')}={m} must be a multiple of stage={stages}")
     units = model.units()
     num_g = stages * virtual
     if options.layout:

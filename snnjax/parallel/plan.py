@@ -428,7 +428,8 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     if pp:
         if sizes["stage"] < 2:
             raise ValueError(f"mode 'pp' pipelines over the mesh axis stage, which is {sizes['stage']} in mesh "
-                             f"{dict(sizes)}; give it size > 1 (e.g. --config.parallel.mesh=stage=2,data=-1)")
+                             f"{dict(sizes)}; give it size > 1 (e.g. --config.parallel.mesh=stage=2,data=-1; in "
+                             "Python a mesh such as 'stage=2,data=4')")
         if not isinstance(model_or_state, nnx.Module):
             raise ValueError("mode 'pp' splits the model's units (model.units()) into stages: plan the nnx.Module, "
                              "not its state")

@@ -109,12 +109,14 @@ def check_mesh(strategy: Strategy, axis_sizes: Mapping[str, int]) -> None:
     """Raise ``ValueError`` saying what to change when the mesh does not fit the strategy."""
     if axis_sizes.get("stage", 1) > 1:
         raise ValueError(f"the mesh has stage={axis_sizes['stage']}, which only the pipeline mode uses; set "
-                         f"--config.parallel.mode=pp, or stage=1 (e.g. --config.parallel.mesh=data=-1)")
+                         "--config.parallel.mode=pp (mode='pp' in Python), or stage=1 (e.g. "
+                         "--config.parallel.mesh=data=-1)")
     for axis in strategy.requires:
         if axis_sizes.get(axis, 1) < 2:
             raise ValueError(f"mode {strategy.name!r} needs the mesh axis {axis!r} > 1, but it is "
                              f"{axis_sizes.get(axis, 1)} in mesh {dict(axis_sizes)}; give it size > 1 "
-                             f"(e.g. --config.parallel.mesh={_example(strategy)}) or choose another mode")
+                             f"(e.g. --config.parallel.mesh={_example(strategy)}, or the mesh {_example(strategy)!r} "
+                             "in Python) or choose another mode")
     for axis in ("data", "fsdp", "tensor"):
         if axis_sizes.get(axis, 1) > 1 and axis not in strategy.allows:
             used = ", ".join(strategy.allows) or "no axis (one device)"
