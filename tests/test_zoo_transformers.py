@@ -2,7 +2,7 @@
 
 - The presets have SpikingJelly's parameter and BatchNorm-statistic counts (counted from
   SpikingJelly 2.0.0's ``sdt_8_384()`` and ``qkformer_10_384()``).
-- ``snnjax.interop.zoo_transformers``: every key of each shipped case lands on a variable, the
+- ``snnjax.interop.spikingjelly`` (the rule tables): every key of each shipped case lands on a variable, the
   gradients cover every parameter, and a checkpoint of another architecture, width, depth or
   neuron stops with an error naming the key.
 - Checkpointing every unit with spikes kept as bits changes neither loss nor gradients.
@@ -22,7 +22,8 @@ import pytest
 from flax import nnx
 
 from snnjax import layers
-from snnjax.interop import check, zoo_transformers
+from snnjax.interop import check
+from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
 from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, remat, sdt_8_384
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "transformers.npz"
@@ -80,12 +81,12 @@ def test_rule_tables_account_for_every_key(name):
     meta, arrays = _case(name)
     model, _ = check.build_model(meta, arrays)
     init = check.case_arrays(arrays, "init/")
-    zoo_transformers.import_state_dict(model, init)  # every variable given, every key placed
-    grads = zoo_transformers.convert_state_dict(model, check.case_arrays(arrays, "grad/"))
+    import_state_dict(model, init)  # every variable given, every key placed
+    grads = convert_state_dict(model, check.case_arrays(arrays, "grad/"))
     params = {p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     assert set(grads) == params
     stats = [k for k in init if not k.endswith("num_batches_tracked")]
-    assert len(zoo_transformers.convert_state_dict(model, init)) == len(stats)
+    assert len(convert_state_dict(model, init)) == len(stats)
 
 
 def test_import_errors_name_the_problem():
@@ -97,17 +98,17 @@ def test_import_errors_name_the_problem():
         return _abstract(SpikeDrivenTransformer, **{**opts, **kw})
 
     with pytest.raises(ValueError, match="another width"):
-        zoo_transformers.import_state_dict(sdt(embed_dims=64), init)
+        import_state_dict(sdt(embed_dims=64), init)
     with pytest.raises(KeyError, match="does not have"):  # the checkpoint has 2 blocks
-        zoo_transformers.import_state_dict(sdt(depths=1), init)
+        import_state_dict(sdt(depths=1), init)
     with pytest.raises(KeyError, match="does not provide"):
-        zoo_transformers.import_state_dict(sdt(depths=3), init)
+        import_state_dict(sdt(depths=3), init)
     with pytest.raises(KeyError, match="no counterpart in QKFormer"):
-        zoo_transformers.import_state_dict(_abstract(QKFormer, embed_dims=32, num_heads=(2, 2, 4)), init)
+        import_state_dict(_abstract(QKFormer, embed_dims=32, num_heads=(2, 2, 4)), init)
     with pytest.raises(KeyError, match="PLIF"):  # LIF checkpoint into PLIF model: w missing
-        zoo_transformers.import_state_dict(sdt(spiking_neuron="PLIF"), init)
-    with pytest.raises(TypeError, match="supported: SpikeDrivenTransformer, QKFormer"):
-        zoo_transformers.rules_for(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+        import_state_dict(sdt(spiking_neuron="PLIF"), init)
+    with pytest.raises(TypeError, match="no SpikingJelly mapping for Linear; .*SpikeDrivenTransformer, QKFormer"):
+        import_state_dict(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), init)
 
 
 @pytest.mark.parametrize("impl,names", [("xla", ("sdt", "qkformer")), ("native", ("sdt_events", "qkformer_plif"))])

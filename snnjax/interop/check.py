@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from snnjax.interop import spikingjelly, zoo_transformers
+from snnjax.interop import spikingjelly
 from snnjax.models import CIFAR10DVSVGG, ParametricLIFNet, QKFormer, ResNet, SpikeDrivenTransformer, Spikformer
 from snnjax.models.vgg import DEFAULT_POOLS
 from snnjax.neurons import base as B
@@ -176,8 +176,7 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
         if isinstance(module, BaseNode):
             module.impl = impl
     sub = functools.partial(case_arrays, arrays)
-    importer = zoo_transformers if isinstance(model, tuple(zoo_transformers.TABLES)) else spikingjelly
-    importer.import_state_dict(model, sub("init/"), dtype=jnp.float64)
+    spikingjelly.import_state_dict(model, sub("init/"), dtype=jnp.float64)
     labels = jnp.asarray(arrays["labels"])
 
     model.eval()
@@ -201,7 +200,7 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
     out["loss_train"] = rel_error(loss, arrays["loss_train"])
 
     flat_grads = dict(nnx.to_flat_state(grads))
-    expected = importer.convert_state_dict(model, sub("grad/"))
+    expected = spikingjelly.convert_state_dict(model, sub("grad/"))
     floor = NEGLIGIBLE_GRAD * float(np.sqrt(sum(np.sum(np.square(v)) for v in expected.values())))
     grad_errs = {".".join(map(str, p)): rel_error(flat_grads[p][...], v, floor) for p, v in expected.items()}
     missing = [p for p in flat_grads if p not in expected]
@@ -211,7 +210,7 @@ def check_model_case(meta: dict[str, Any], arrays: dict[str, np.ndarray], impl: 
     out["grad_max"], out["grad_worst"] = grad_errs[worst], worst
 
     stats = dict(nnx.to_flat_state(nnx.state(model, nnx.BatchStat)))
-    after = importer.convert_state_dict(model, sub("after_train_step_state/"))
+    after = spikingjelly.convert_state_dict(model, sub("after_train_step_state/"))
     out["bn_state_max"] = max(rel_error(stats[p][...], v) for p, v in after.items() if p in stats)
     tracked = [k for k in sub("after_train_step_state/") if k.endswith("num_batches_tracked")]
     if tracked and all(np.array_equal(arrays["init/" + k], arrays["after_train_step_state/" + k]) for k in tracked):

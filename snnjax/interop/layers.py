@@ -1,12 +1,15 @@
-"""Import a SpikingJelly (PyTorch) ``state_dict`` layer by layer, through a table of per-layer rules.
+"""Import a SpikingJelly (PyTorch) ``state_dict``: the converters, per-layer rules and importer every model uses.
 
-Any model built from snnjax's layers and neurons imports this way: each snnjax module is paired
-with the torch module of the same name (its torch key prefix), and the module's type picks a
-``LayerRule`` from ``RULES``: which torch tensor goes to which of the module's variables, and how
-its layout changes on the way (``OIHW -> HWIO`` for convolutions, ``[out, in] -> [in, out]`` for
-linear layers). ``snnjax.Sequential`` pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s
-keys); other models pair each module's attribute path (``features.3.conv`` with ``features.3.conv.``
-keys) unless ``prefixes`` says otherwise.
+A torch key is ``<module prefix>.<tensor name>``. A *locator* gives each key's snnjax module path and
+``LayerRule``: which of the module's variables each torch tensor goes to, and how its layout changes on
+the way (``OIHW -> HWIO`` for convolutions, ``[out, in] -> [in, out]`` for linear layers). ``convert``
+applies it to a whole ``state_dict`` and reports every key; ``assign`` loads the result. The zoo models
+locate keys through their family's rule table (``snnjax.interop.rules``, ``snnjax.interop.spikingjelly``);
+any other model built from snnjax's layers and neurons imports with ``import_layers``, which pairs each
+snnjax module with the torch module of the same name and takes the ``LayerRule`` of the module's type
+from ``RULES``. ``snnjax.Sequential`` pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s keys);
+other models pair each module's attribute path (``features.3.conv`` with ``features.3.conv.`` keys) unless
+``prefixes`` says otherwise.
 
     sd = dict(np.load("net_state_dict.npz"))                # torch keys -> numpy arrays
     report = import_layers(net, sd, dtype=jnp.float64)      # float64 needs jax_enable_x64
@@ -23,11 +26,12 @@ with SpikingJelly's values. Compare outputs with both sides in eval mode (``mode
 Extending: a new layer type maps with one entry, ``RULES[MyLayer] = LayerRule({"weight": ("kernel",
 oihw_to_hwio)})``; a model whose torch names differ from its attribute paths passes ``prefixes``
 (torch prefix -> module path), and a layer that needs its own conversion passes ``rules`` (torch prefix ->
-``LayerRule``). A zoo model's importer is then its ``prefixes`` and ``rules`` tables.
+``LayerRule``).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,12 +60,24 @@ def oihw_to_hwio(arr: np.ndarray) -> np.ndarray:
 
 
 def out_in_to_in_out(arr: np.ndarray) -> np.ndarray:
-    """A torch ``Linear`` weight ``[out, in]`` -> ``[in, out]`` (a ``Conv1d`` with kernel 1, ``[O, I, 1]``, too)."""
-    if arr.ndim == 3 and arr.shape[2] == 1:
-        arr = arr[:, :, 0]
-    if arr.ndim != 2:
+    """A torch ``Linear`` weight ``[out, in]`` -> ``[in, out]`` (a ``Conv1d`` ``[O, I, 1]`` or 1x1 ``Conv2d``
+    ``[O, I, 1, 1]`` acting on tokens, too)."""
+    if arr.ndim < 2 or arr.shape[2:] != (1,) * (arr.ndim - 2):
         raise ValueError(f"a Linear weight is [out, in]; got shape {arr.shape}")
-    return arr.T
+    return arr.reshape(arr.shape[:2]).T
+
+
+def flat_linear_weight(feature_shape: tuple[int, int, int]) -> Convert:
+    """``[out, C*H*W]`` (torch's flatten order) -> ``[H*W*C, out]`` for features ``feature_shape = (H, W, C)``."""
+    h, w, c = feature_shape
+
+    def convert(arr):
+        if arr.ndim != 2 or arr.shape[1] != h * w * c:
+            raise ValueError(f"the model's features flatten to {c}x{h}x{w}={h * w * c}, the state_dict's layer "
+                             f"takes {arr.shape[1:]}")
+        return arr.reshape(arr.shape[0], c, h, w).transpose(2, 3, 1, 0).reshape(h * w * c, arr.shape[0])
+
+    return convert
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,19 +90,19 @@ class LayerRule:
     ignore: tuple[str, ...] = ()
 
 
-_BATCHNORM = LayerRule({"weight": ("scale", identity), "bias": ("bias", identity),
-                        "running_mean": ("mean", identity), "running_var": ("var", identity)},
-                       ignore=("num_batches_tracked",))
-_NOTHING = LayerRule()
+CONV = LayerRule({"weight": ("kernel", oihw_to_hwio), "bias": ("bias", identity)})
+LINEAR = LayerRule({"weight": ("kernel", out_in_to_in_out), "bias": ("bias", identity)})
+BATCHNORM = LayerRule({"weight": ("scale", identity), "bias": ("bias", identity),
+                       "running_mean": ("mean", identity), "running_var": ("var", identity)},
+                      ignore=("num_batches_tracked",))
+PLIF = LayerRule({"w": ("w", identity)})
+NOTHING = LayerRule()
 
 # Module type -> rule. Looked up along the module's class hierarchy (snnjax's Conv2d is an nnx.Conv).
 RULES: dict[type, LayerRule] = {
-    nnx.Conv: LayerRule({"weight": ("kernel", oihw_to_hwio), "bias": ("bias", identity)}),
-    nnx.Linear: LayerRule({"weight": ("kernel", out_in_to_in_out), "bias": ("bias", identity)}),
-    BatchNorm: _BATCHNORM,
-    ParametricLIFNode: LayerRule({"w": ("w", identity)}),
-    IFNode: _NOTHING, LIFNode: _NOTHING, MaxPool2d: _NOTHING, AvgPool2d: _NOTHING, Flatten: _NOTHING,
-    nnx.Dropout: _NOTHING,
+    nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM, ParametricLIFNode: PLIF,
+    IFNode: NOTHING, LIFNode: NOTHING, MaxPool2d: NOTHING, AvgPool2d: NOTHING, Flatten: NOTHING,
+    nnx.Dropout: NOTHING,
 }
 
 
@@ -110,7 +126,7 @@ class Imported:
 
 @dataclasses.dataclass
 class ImportReport:
-    """What ``import_layers`` did: every key imported (to which variable, shapes, dtype), the keys ignored by
+    """What an import did: every key imported (to which variable, shapes, dtype), the keys ignored by
     rule, the keys left over (no counterpart), the model's variables not provided, and dtype casts."""
 
     imported: list[Imported]
@@ -129,6 +145,73 @@ class ImportReport:
             if keys:
                 lines.append(f"  {name}: {', '.join(keys)}")
         return "\n".join(lines)
+
+
+Locate = Callable[[str], "tuple[Path, LayerRule] | None"]
+
+
+def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *, dtype=None
+            ) -> tuple[dict[Path, np.ndarray], ImportReport]:
+    """Torch-keyed arrays -> ``({snnjax variable path: array in snnjax layout}, report)``; ``model`` is unchanged.
+
+    ``locate(key)``: the snnjax module path and ``LayerRule`` of a torch key, or None (the key is left over, as
+    is one whose tensor name its rule lacks). A flat channel axis is split into the variable's head axes
+    (``[3D] -> [3, heads, head_dim]``: torch's channel order is head-major). ``dtype``: the dtype the report
+    notes casts to (default: each variable's own).
+
+    Raises:
+      KeyError: a key that lands on no variable of ``model`` (another depth or neuron).
+      ValueError: a key whose array does not fit its variable (another width); ``dtype`` float64 without x64.
+    """
+    if dtype is not None and np.dtype(dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(f"importing with dtype={np.dtype(dtype).name} needs jax_enable_x64: call "
+                         "jax.config.update('jax_enable_x64', True) before building the model (or in a notebook's "
+                         "first cell)")
+    name = type(model).__name__
+    variables = {_dotted(p): (p, v) for p, v in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat)))}
+    out, imported, ignored, leftover = {}, [], [], []
+    for key, arr in state_dict.items():
+        found = locate(key)
+        module, rule = found or ((), NOTHING)
+        tensor = key.rpartition(".")[2]
+        if tensor in rule.ignore:
+            ignored.append(key)
+            continue
+        if tensor not in rule.tensors:
+            leftover.append(key)
+            continue
+        attr, to_snnjax = rule.tensors[tensor]
+        dotted = _dotted(module + (attr,))
+        if dotted not in variables:
+            raise KeyError(f"SpikingJelly key {key!r} maps to {dotted!r}, which does not exist in the model: this "
+                           f"{name} does not have that layer (the checkpoint has more blocks or layers, or a "
+                           "parametric neuron's w: build the model with the checkpoint's depth and neuron)")
+        path, var = variables[dotted]
+        arr = np.asarray(arr)
+        try:
+            value = to_snnjax(arr)
+        except ValueError as e:
+            raise ValueError(f"shape mismatch at {key}: {e}") from None
+        shape = tuple(var.shape)
+        if value.shape != shape and (value.ndim >= len(shape) or value.size != math.prod(shape)):
+            raise ValueError(f"shape mismatch at {key}: shape {arr.shape} becomes {value.shape} in snnjax's layout, "
+                             f"but this {name}'s {dotted} is {shape}: the checkpoint has another width; build the "
+                             "model with its sizes (e.g. the zoo's widths, channels, embed_dims, num_heads, "
+                             "mlp_ratio: config model.<name>, or the model's argument of that name)")
+        out[path] = value.reshape(shape)
+        target = np.dtype(dtype or var.get_value().dtype)
+        note = (f"cast {value.dtype} -> {target.name}; pass dtype=jnp.{value.dtype} to keep it"
+                if value.dtype.kind == "f" and np.finfo(target).bits < np.finfo(value.dtype).bits else "")
+        imported.append(Imported(key, dotted, tuple(arr.shape), shape, target.name, note))
+    missing = [d for d, (p, _) in variables.items() if p not in out]
+    return out, ImportReport(imported, ignored, leftover, missing)
+
+
+def assign(model: nnx.Module, values: Mapping[Path, np.ndarray], dtype=None) -> None:
+    """Set ``model``'s variables at ``values``' paths in place, cast to ``dtype`` (default: each one's own)."""
+    for path, var in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat))):
+        if path in values:
+            var.set_value(jnp.asarray(values[path], dtype or var.get_value().dtype))
 
 
 def default_prefixes(model: nnx.Module) -> dict[str, Path]:
@@ -154,50 +237,25 @@ def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes:
     dtype the variables take (``jnp.float64`` keeps a float64 checkpoint exact; it needs
     ``jax.config.update("jax_enable_x64", True)`` first); default: each variable keeps its dtype, and a
     narrowing cast is noted in the report. ``strict``: raise ``KeyError`` for keys left over or model
-    variables not provided (the message is the report); otherwise only report them.
+    variables not provided (the message is the report), before loading anything; otherwise only report them.
     """
-    if dtype is not None and np.dtype(dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
-        raise ValueError(f"import_layers(..., dtype={np.dtype(dtype).name}) needs jax_enable_x64: call "
-                         "jax.config.update('jax_enable_x64', True) before building the model (or in a notebook's "
-                         "first cell)")
     prefixes = default_prefixes(model) if prefixes is None else dict(prefixes)
     modules = dict(nnx.iter_modules(model))
-    imported, ignored, leftover, done = [], [], [], set()
-    for key, arr in state_dict.items():
-        prefix, _, name = key.rpartition(".")
+
+    def locate(key: str) -> tuple[Path, LayerRule] | None:
+        prefix = key.rpartition(".")[0]
         if prefix not in prefixes:
-            leftover.append(key)
-            continue
+            return None
         path = tuple(prefixes[prefix])
         if path not in modules:
             raise KeyError(f"prefixes[{prefix!r}] = {path}: the model has no module at that path")
-        rule = (rules or {}).get(prefix) or rule_for(modules[path]) or _NOTHING
-        if name in rule.ignore:
-            ignored.append(key)
-            continue
-        if name not in rule.tensors:
-            leftover.append(key)
-            continue
-        attr, convert = rule.tensors[name]
-        var = getattr(modules[path], attr)
-        arr = np.asarray(arr)
-        value = convert(arr)
-        if tuple(value.shape) != tuple(var.shape):
-            raise ValueError(f"{key}: shape {arr.shape} becomes {value.shape} in snnjax's layout, but "
-                             f"{_dotted(path + (attr,))} is {tuple(var.shape)}; build the layer with the checkpoint's "
-                             "sizes")
-        target = np.dtype(dtype) if dtype is not None else np.dtype(var.get_value().dtype)
-        note = (f"cast {value.dtype} -> {target.name}; pass dtype=jnp.{value.dtype} to keep it"
-                if np.finfo(target).bits < np.finfo(value.dtype).bits and value.dtype.kind == "f" else "")
-        var.set_value(jnp.asarray(value, target))
-        done.add(path + (attr,))
-        imported.append(Imported(key, _dotted(path + (attr,)), tuple(arr.shape), tuple(value.shape), target.name, note))
-    missing = [_dotted(p) for p, _ in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat)))
-               if tuple(p) not in done]
-    report = ImportReport(imported, ignored, leftover, missing)
-    if strict and (leftover or missing):
+        return path, (rules or {}).get(prefix) or rule_for(modules[path]) or NOTHING
+
+    values, report = convert(model, state_dict, locate, dtype=dtype)
+    if strict and (report.leftover or report.missing):
         raise KeyError(f"the state_dict and the model do not match (pass strict=False to import what matches):\n"
                        f"{report}")
+    assign(model, values, dtype)
     return report
 
 

@@ -1,22 +1,31 @@
-"""Conversion rules as tables: a SpikingJelly ``state_dict`` key -> (snnjax variable path, layout converter).
+"""Conversion rules as tables, one per model family: a SpikingJelly key -> (snnjax variable, layout converter).
 
 A table is a list of :class:`Rule`: a regular expression that must match a torch key's module
 prefix (everything before the last dot), the snnjax module path it maps to (a template whose
-``{1}``, ``{2}``, ... are the expression's groups; numeric path parts become list indices), and the
-layer ``kind``, which maps the parameter name and converts its layout:
+``{1}``, ``{2}``, ... or ``{name}`` fields are the expression's groups), and the layer ``kind``, which
+names the ``LayerRule`` (``snnjax.interop.layers``) that renames the parameters and converts their layout:
 
 ===============  ==================================================  =============================
 kind             torch parameter -> snnjax                           layout
 ===============  ==================================================  =============================
 ``conv``         ``weight`` -> ``kernel``, ``bias`` -> ``bias``     ``[O, I, kh, kw] -> [kh, kw, I, O]``
-``linear``       ``weight`` -> ``kernel``, ``bias`` -> ``bias``     ``[out, in] -> [in, out]``
+``linear``       ``weight`` -> ``kernel``, ``bias`` -> ``bias``     ``[out, in]`` (a Conv1d's ``[O, I, 1]``,
+                                                                     a 1x1 Conv2d's) ``-> [in, out]``
 ``flat_linear``  as ``linear``, after a flatten of ``[C, H, W]``    input rows to ``[H, W, C]`` order
+                                                                     (the model's ``feature_shape``)
 ``bn``           ``weight`` -> ``scale``, ``bias``, ``running_mean``  as is; ``num_batches_tracked``
                  -> ``mean``, ``running_var`` -> ``var``              carries nothing
 ``neuron``       ``w`` (PLIF's) -> ``w``                              as is
 ===============  ==================================================  =============================
 
-The first rule whose expression matches wins; a key no rule matches raises ``KeyError``.
+A flat channel axis lands on a head-split variable as it is (torch's channel order is head-major):
+a fused q/k/v kernel ``[D, 3D] -> [D, 3, heads, head_dim]``, its BatchNorm ``[3D] -> [3, heads, head_dim]``,
+an output projection ``[D, D] -> [heads, head_dim, D]``. Every conversion is a permutation, so the
+same tables map torch gradients.
+
+The first rule whose expression matches wins; a key no rule matches, or a parameter name its kind
+lacks, raises ``KeyError``. A family is registered by its model class in ``TABLES``: a function of
+the model (its depth, pools, ...) returning the table.
 """
 from __future__ import annotations
 
@@ -24,13 +33,21 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
-import numpy as np
+from flax import nnx
 
-Path = tuple
-Convert = Callable[[np.ndarray], np.ndarray]
-KINDS = ("conv", "linear", "flat_linear", "bn", "neuron")
+from snnjax.interop import layers
+from snnjax.interop.layers import LayerRule, Locate, Path
+from snnjax.models import CIFAR10DVSVGG, ParametricLIFNet, QKFormer, ResNet, SpikeDrivenTransformer, Spikformer
 
-_BN_NAMES = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
+# Kind -> its LayerRule, a function of the model (flat_linear's permutes by ``model.feature_shape``, (H, W, C)).
+KINDS: dict[str, Callable[[nnx.Module], LayerRule]] = {
+    "conv": lambda m: layers.CONV,
+    "linear": lambda m: layers.LINEAR,
+    "flat_linear": lambda m: LayerRule({"weight": ("kernel", layers.flat_linear_weight(m.feature_shape)),
+                                        "bias": ("bias", layers.identity)}),
+    "bn": lambda m: layers.BATCHNORM,
+    "neuron": lambda m: layers.PLIF,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,79 +60,55 @@ class Rule:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"rule kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(f"rule kind must be one of {tuple(KINDS)}, got {self.kind!r}")
 
 
-def _conv_weight(arr: np.ndarray) -> np.ndarray:
-    if arr.ndim != 4:
-        raise ValueError(f"a Conv2d weight is [O, I, kh, kw], got shape {arr.shape}")
-    return arr.transpose(2, 3, 1, 0)
-
-
-def _linear_weight(arr: np.ndarray) -> np.ndarray:
-    if arr.ndim != 2:
-        raise ValueError(f"a Linear weight is [out, in], got shape {arr.shape}")
-    return arr.T
-
-
-def _identity(arr: np.ndarray) -> np.ndarray:
-    return arr
-
-
-def flat_linear_weight(feature_shape: tuple[int, int, int], where: str) -> Convert:
-    """``[out, C*H*W]`` (torch's flatten order) -> ``[H*W*C, out]`` for features ``feature_shape = (H, W, C)``."""
-    h, w, c = feature_shape
-
-    def convert(arr):
-        if arr.ndim != 2 or arr.shape[1] != h * w * c:
-            raise ValueError(f"shape mismatch at {where}: the model's features flatten to {c}x{h}x{w}={h * w * c}, "
-                             f"the state_dict's layer takes {arr.shape[1:]}")
-        return arr.reshape(arr.shape[0], c, h, w).transpose(2, 3, 1, 0).reshape(h * w * c, arr.shape[0])
-
-    return convert
-
-
-def _path(template: str, groups: Sequence[str]) -> Path:
-    text = template.format(None, *groups)
-    return tuple(int(p) if p.isdigit() else p for p in text.split("."))
-
-
-def lookup(table: Sequence[Rule], key: str, feature_shape: tuple[int, int, int] | None = None
-           ) -> tuple[Path, Convert] | None:
-    """The snnjax path and converter of torch ``key`` under ``table`` (None: the key carries nothing to import).
-
-    ``feature_shape``: ``(H, W, C)`` of the features a ``flat_linear`` rule's layer flattens.
-    Raises ``KeyError`` if no rule matches or the parameter name is not one of its kind's.
-    """
-    module, _, name = key.rpartition(".")
+def locate(table: Sequence[Rule], model: nnx.Module, key: str) -> tuple[Path, LayerRule]:
+    """The snnjax module path and ``LayerRule`` of torch ``key`` under ``table``; ``KeyError`` if it has none."""
+    prefix, _, tensor = key.rpartition(".")
     for rule in table:
-        m = re.fullmatch(rule.pattern, module)
-        if m is None:
-            continue
-        path = _path(rule.target, m.groups())
-        if rule.kind == "bn":
-            if name == "num_batches_tracked":
-                return None
-            if name in _BN_NAMES:
-                return path + (_BN_NAMES[name],), _identity
-        elif rule.kind == "neuron":
-            if name == "w":
-                return path + ("w",), _identity
-        elif name == "bias":
-            return path + ("bias",), _identity
-        elif name == "weight":
-            if rule.kind == "conv":
-                return path + ("kernel",), _conv_weight
-            if rule.kind == "linear":
-                return path + ("kernel",), _linear_weight
-            if feature_shape is None:
-                raise ValueError(f"rule {rule.pattern!r} flattens features: give lookup() their feature_shape")
-            return path + ("kernel",), flat_linear_weight(feature_shape, ".".join(map(str, path)) + ".kernel")
-        raise KeyError(key)
-    raise KeyError(key)
+        if m := re.fullmatch(rule.pattern, prefix):
+            found = KINDS[rule.kind](model)
+            if tensor in found.tensors or tensor in found.ignore:
+                return tuple(rule.target.format(None, *m.groups(), **m.groupdict()).split(".")), found
+            break
+    raise KeyError(f"SpikingJelly key {key!r} has no counterpart in {type(model).__name__}; is this checkpoint for "
+                   "a different architecture or width?")
+
+
+def locator(model: nnx.Module) -> Locate:
+    """``key -> (module path, LayerRule)`` through the table of ``model``'s family (``TypeError`` if none)."""
+    for cls, family in TABLES.items():
+        if isinstance(model, cls):
+            table = family(model)
+            return lambda key: locate(table, model, key)
+    raise TypeError(f"no SpikingJelly mapping for {type(model).__name__}; supported: "
+                    f"{', '.join(c.__name__ for c in TABLES)}")
 
 
 # -- the tables of the model families ----------------------------------------------------------
+
+def vgg(pools: Sequence[bool]) -> list[Rule]:
+    """CIFAR10DVSVGG: block ``i``'s ``proj_bn`` Sequential holds ``[AvgPool2d,] Conv2d, BatchNorm`` (the pool
+    where ``pools[i]``), then ``classifier`` holds ``[Dropout,] Linear``."""
+    table = []
+    for i, pool in enumerate(pools):
+        table += [Rule(rf"features\.{i}\.proj_bn\.{int(pool)}", f"features.{i}.conv", "conv"),
+                  Rule(rf"features\.{i}\.proj_bn\.{int(pool) + 1}", f"features.{i}.bn", "bn")]
+    return table + [Rule(r"classifier\.\d+", "classifier", "flat_linear")]
+
+
+SPIKFORMER = [
+    Rule(r"patch_embed\.stages\.(\d+)\.conv_bn\.block\.0", "stages.{1}.conv", "conv"),
+    Rule(r"patch_embed\.stages\.(\d+)\.conv_bn\.block\.1", "stages.{1}.bn", "bn"),
+    Rule(r"patch_embed\.positional_encoding\.conv_bn\.block\.0", "positional_encoding.conv", "conv"),
+    Rule(r"patch_embed\.positional_encoding\.conv_bn\.block\.1", "positional_encoding.bn", "bn"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|proj)_conv_bn\.0", "blocks.{1}.attn.{2}.fc", "linear"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|proj)_conv_bn\.1", "blocks.{1}.attn.{2}.bn", "bn"),
+    Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.0", "blocks.{1}.mlp.{2}.fc", "linear"),
+    Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.1", "blocks.{1}.mlp.{2}.bn", "bn"),
+    Rule(r"head", "head", "linear"),
+]
 
 RESNET = [
     Rule(r"conv1", "conv1", "conv"),
@@ -144,3 +137,53 @@ def parametric_lif_net(stages: int) -> list[Rule]:
                     Rule(rf"conv_fc\.{head + 3}", "sn1", "neuron"),
                     Rule(rf"conv_fc\.{head + 5}", "fc2", "linear"),
                     Rule(rf"conv_fc\.{head + 6}", "sn2", "neuron")]
+
+
+_I = r"(?P<i>\d+)"
+SDT = [  # SpikingJelly's spike_driven_transformer; its 1x1 Conv2d / Conv1d projections are linear
+    Rule(rf"patch_embed\.stages\.{_I}\.0", "stages.{i}.conv", "conv"),
+    Rule(rf"patch_embed\.stages\.{_I}\.1", "stages.{i}.bn", "bn"),
+    Rule(rf"patch_embed\.stages\.{_I}\.2", "stages.{i}.lif", "neuron"),
+    Rule(r"patch_embed\.final_stage\.0", "final.conv", "conv"),
+    Rule(r"patch_embed\.final_stage\.1", "final.bn", "bn"),
+    Rule(r"patch_embed\.final_lif", "final.lif", "neuron"),
+    Rule(r"patch_embed\.rpe_conv", "final.rpe_conv", "conv"),
+    Rule(r"patch_embed\.rpe_bn", "final.rpe_bn", "bn"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<p>q|k|v|proj)_conv", "blocks.{i}.attn.{p}.fc", "linear"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<p>q|k|v|proj)_bn", "blocks.{i}.attn.{p}.bn", "bn"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<n>shortcut|q|k|v|attn)_lif", "blocks.{i}.attn.{n}_lif", "neuron"),
+    Rule(rf"blocks\.{_I}\.mlp\.fc(?P<j>[12])", "blocks.{i}.mlp.fc{j}.fc", "linear"),
+    Rule(rf"blocks\.{_I}\.mlp\.bn(?P<j>[12])", "blocks.{i}.mlp.fc{j}.bn", "bn"),
+    Rule(rf"blocks\.{_I}\.mlp\.lif(?P<j>[12])", "blocks.{i}.mlp.lif{j}", "neuron"),
+    Rule(r"head_lif", "head_lif", "neuron"),
+    Rule(r"head", "head", "linear"),
+]
+
+_E = r"patch_embed(?P<s>[123])"
+_B = r"stage(?P<s>[123])\.(?P<i>\d+)"
+QKFORMER = [  # SpikingJelly's qkformer
+    Rule(rf"{_E}\.conv(?P<j>[123])", "patch_embed{s}.conv{j}.conv", "conv"),
+    Rule(rf"{_E}\.bn(?P<j>[123])", "patch_embed{s}.conv{j}.bn", "bn"),
+    Rule(rf"{_E}\.lif(?P<j>[123])", "patch_embed{s}.lif{j}", "neuron"),
+    Rule(rf"{_E}\.shortcut\.0", "patch_embed{s}.shortcut.conv", "conv"),
+    Rule(rf"{_E}\.shortcut\.1", "patch_embed{s}.shortcut.bn", "bn"),
+    Rule(rf"{_E}\.shortcut\.2", "patch_embed{s}.shortcut_lif", "neuron"),
+    Rule(rf"{_B}\.attn\.(?P<p>qkv|qk|proj)_conv_bn\.0", "stage{s}.{i}.attn.{p}.fc", "linear"),
+    Rule(rf"{_B}\.attn\.(?P<p>qkv|qk|proj)_conv_bn\.1", "stage{s}.{i}.attn.{p}.bn", "bn"),
+    Rule(rf"{_B}\.attn\.(?P<n>qkv|qk|attn|proj)_lif", "stage{s}.{i}.attn.{n}_lif", "neuron"),
+    Rule(rf"{_B}\.mlp\.fc(?P<j>[12])", "stage{s}.{i}.mlp.fc{j}.fc", "linear"),
+    Rule(rf"{_B}\.mlp\.bn(?P<j>[12])", "stage{s}.{i}.mlp.fc{j}.bn", "bn"),
+    Rule(rf"{_B}\.mlp\.lif(?P<j>[12])", "stage{s}.{i}.mlp.lif{j}", "neuron"),
+    Rule(r"head", "head", "linear"),
+]
+
+# Model class -> its family's table (a function of the model). SpikingJelly's classes: SpikingResNet and
+# SEWResNet -> ResNet; DVSGestureNet, CIFAR10DVSNet, NMNISTNet -> ParametricLIFNet.
+TABLES: dict[type, Callable[[nnx.Module], Sequence[Rule]]] = {
+    CIFAR10DVSVGG: lambda m: vgg([block.pool for block in m.features]),
+    Spikformer: lambda m: SPIKFORMER,
+    ResNet: lambda m: RESNET,
+    ParametricLIFNet: lambda m: parametric_lif_net(len(m.features)),
+    SpikeDrivenTransformer: lambda m: SDT,
+    QKFormer: lambda m: QKFORMER,
+}
