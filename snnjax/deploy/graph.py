@@ -1,10 +1,8 @@
 """``layer_ops(model)``: a supported model's eval-mode forward as a chain of :mod:`snnjax.deploy.ops`.
 
-Supported: ``SpikingMLP``, ``CIFAR10DVSVGG`` and any ``Sequential`` whose layers are the ops' own
-(``snnjax.models.sequential``: ``layers.Flatten``, ``nnx.Linear``, 2-D ``nnx.Conv``, ``layers.BatchNorm``,
-``layers.AvgPool2d`` / ``layers.MaxPool2d`` with stride = window and no padding, ``nnx.Dropout``, IF / LIF /
-PLIF neurons). Spikformer's attention and residual blocks are not a chain of those ops and are refused with
-:class:`UnsupportedModelError`.
+Supported: ``SpikingMLP``, ``CIFAR10DVSVGG`` and a ``Sequential`` whose every layer is an op (flatten,
+linear, 2-D conv, BatchNorm, pooling with stride = window, dropout, neuron). Spikformer's attention and
+residual blocks are not a chain of those ops and are refused with :class:`UnsupportedModelError`.
 """
 from __future__ import annotations
 
@@ -40,25 +38,22 @@ def layer_ops(model: nnx.Module) -> list[Op]:
         "SpikingMLP, CIFAR10DVSVGG and Sequential (attention and residual blocks are not supported)")
 
 
-# A Sequential's layer types and the ops they are (pooling and convolutions are checked further in _layer_op).
 _LAYER_KINDS = ((layers.Flatten, "flatten"), (nnx.Linear, "linear"), (nnx.Conv, "conv"),
                 (layers.BatchNorm, "batchnorm"), (layers.AvgPool2d, "avgpool"), (layers.MaxPool2d, "maxpool"),
                 (nnx.Dropout, "dropout"), (BaseNode, "neuron"))
 
 
 def _layer_op(name: str, layer: nnx.Module) -> Op:
-    """The op a ``Sequential``'s layer ``name`` is."""
+    """The op a ``Sequential``'s layer ``name`` is (pooling: stride = window, no padding; convolutions: 2-D)."""
     kind = next((k for t, k in _LAYER_KINDS if isinstance(layer, t)), None)
-    if kind in ("avgpool", "maxpool") and layer.stride in (None, layer.kernel_size) \
-            and getattr(layer, "padding", 0) == 0:
-        return Op(kind, name, size=layer.kernel_size)
-    if kind in ("flatten", "linear", "batchnorm", "dropout", "neuron") or (
-            kind == "conv" and len(layer.kernel_size) == 2):
-        return Op(kind, name, layer)
-    raise UnsupportedModelError(
-        f"{name} is a {type(layer).__name__}, which is not one of the ops {list(KINDS)}: streaming, energy counts "
-        "and NIR take a Sequential of layers.Flatten, nnx.Linear, 2-D convolutions, layers.BatchNorm, "
-        "layers.AvgPool2d / MaxPool2d (stride = window, no padding), nnx.Dropout and IF / LIF / PLIF neurons")
+    pool = kind in ("avgpool", "maxpool")
+    if kind is None or (pool and (layer.stride not in (None, layer.kernel_size) or getattr(layer, "padding", 0))) \
+            or (kind == "conv" and len(layer.kernel_size) != 2):
+        raise UnsupportedModelError(
+            f"{name} is a {type(layer).__name__}, which is not one of the ops {list(KINDS)}: streaming, energy "
+            "counts and NIR take a Sequential of layers.Flatten, nnx.Linear, 2-D convolutions, layers.BatchNorm, "
+            "layers.AvgPool2d / MaxPool2d (stride = window, no padding), nnx.Dropout and IF / LIF / PLIF neurons")
+    return Op(kind, name, layer, layer.kernel_size if pool else 0)
 
 
 def _mlp_ops(model: SpikingMLP) -> list[Op]:
