@@ -3,7 +3,7 @@
 Serialises the eval-mode forward with ``jax.export`` (StableHLO), the batch size symbolic, in
 two variants: the multi-step forward ``x [T, b, ...] -> logits [T, b, K]`` and the streaming
 single step ``(states, x [b, ...]) -> (logits [b, K], states)`` (op-chain models: MLP,
-CIFAR10DVSVGG, SpikingSequential). The parameters travel in the file as the functions' first
+CIFAR10DVSVGG, a Sequential of op layers). The parameters travel in the file as the functions' first
 argument. Neurons run their portable ``xla`` implementation (no custom kernels in the file).
 ``snnjax.deploy.exported.load_exported`` runs the file with jax alone; the format is described there.
 """

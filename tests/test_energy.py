@@ -14,7 +14,7 @@ from snnjax import energy
 from snnjax.deploy.graph import layer_ops
 from snnjax.deploy.opcount import count_ops
 from snnjax.deploy.ops import run_ops
-from snnjax.deploy.sequential import SpikingSequential
+from snnjax.models.sequential import Sequential
 
 
 def fanout_map(size: int, k: int, stride: int, pad: int) -> np.ndarray:
@@ -76,7 +76,7 @@ def strided_net():
              {"kind": "neuron", "type": "LIF", "tau": 2.0}, {"kind": "conv", "features": 4, "kernel": 5, "padding": 2},
              {"kind": "neuron", "type": "IF", "v_threshold": 0.5}, {"kind": "flatten"},
              {"kind": "linear", "features": 3}]
-    net = SpikingSequential((11, 11, 2), specs, rngs=nnx.Rngs(4), **F64)
+    net = Sequential.from_specs((11, 11, 2), specs, rngs=nnx.Rngs(4), **F64)
     randomize_batch_norm(net)
     return net
 

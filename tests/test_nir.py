@@ -13,9 +13,9 @@ from test_streaming import F64, build, randomize_batch_norm
 
 from snnjax import layers
 from snnjax.deploy.graph import UnsupportedModelError
-from snnjax.deploy.sequential import SpikingSequential, dvs_gesture_net
 from snnjax.interop.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
+from snnjax.models.sequential import Sequential, dvs_gesture_net
 from snnjax.neurons import ATan
 
 
@@ -49,14 +49,14 @@ def test_batchnorm_folds_into_the_conv_and_linear_before_it(x64):
         assert float(jnp.abs(bn(layer(inputs)) - layer(inputs)).max()) > 0.1  # the statistics do something
 
 
-@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture"])
+@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture", "user"])
 def test_round_trip_through_a_nir_file_reproduces_outputs(x64, tmp_path, name):
     model, x = model_and_input(name)
     graph = to_nir(model, x.shape[2:])
     assert not any(type(n).__name__ == "BatchNorm" for n in graph.nodes.values())
     nir.write(tmp_path / "model.nir", graph)
     back = from_nir(tmp_path / "model.nir", dtype=jnp.float64, param_dtype=jnp.float64)
-    assert isinstance(back, SpikingSequential)
+    assert isinstance(back, Sequential)
     want = jax.jit(lambda m, x: m(x))(model, x)
     assert float(jnp.abs(want).max()) > 0.1
     np.testing.assert_allclose(jax.jit(lambda m, x: m(x))(back, x), want, rtol=0, atol=1e-12)
@@ -124,7 +124,7 @@ for path in sys.argv[1:]:
 
 @pytest.mark.skipif(_sj_python() is None, reason="no interpreter with spikingjelly and nir (SNNJAX_SJ_PYTHON)")
 def test_spikingjelly_imports_our_nir_files_and_reproduces_outputs(x64, tmp_path):
-    names, want = ["mlp", "vgg", "dvs_gesture"], {}
+    names, want = ["mlp", "vgg", "dvs_gesture", "user"], {}
     for name in names:
         model, x = model_and_input(name)
         nir.write(tmp_path / f"{name}.nir", to_nir(model, x.shape[2:]))

@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from snnjax import Sequential, layers
 from snnjax.deploy import streaming
 from snnjax.deploy.graph import UnsupportedModelError, layer_ops
 from snnjax.deploy.ops import initial_states, run_ops, step_ops
-from snnjax.deploy.sequential import dvs_gesture_net
 from snnjax.deploy.streaming import Streamer
 from snnjax.models import CIFAR10DVSVGG, SpikingMLP
+from snnjax.models.sequential import dvs_gesture_net
+from snnjax.neurons import LIFNode
 
 F64 = {"dtype": jnp.float64, "param_dtype": jnp.float64}
 
@@ -36,6 +38,13 @@ def build(name):
                             rngs=nnx.Rngs(1), **F64)
         randomize_batch_norm(vgg)
         return vgg, (5, 2, 16, 16, 2), 2.0
+    if name == "user":  # built by hand, not from specs; flattens in torch's order (layers.Flatten's default)
+        rngs = nnx.Rngs(3)
+        net = Sequential(layers.conv2d(2, 6, 3, padding=1, rngs=rngs, **F64), layers.BatchNorm(6, **F64),
+                         LIFNode(tau=2.0, step_mode="m"), layers.AvgPool2d(2), layers.Flatten(),
+                         layers.dropout(0.5), layers.linear(6 * 4 * 4, 3, rngs=rngs, **F64))
+        randomize_batch_norm(net)
+        return net, (4, 2, 8, 8, 2), 3.0
     net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max", rngs=nnx.Rngs(2),
                           **F64)
     randomize_batch_norm(net)
@@ -57,7 +66,7 @@ def _spikes(model, x):
     return multi, [jnp.stack([s[i] for s in steps]) for i in range(len(multi))], logits, model(x)
 
 
-@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture"])
+@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture", "user"])
 def test_streaming_equals_the_multi_step_forward(x64, name):
     model, shape, scale = build(name)
     model.eval()
@@ -93,3 +102,5 @@ def test_models_that_are_not_an_op_chain_are_refused():
     """Spikformer (attention, residuals) is refused like any module the op description does not know."""
     with pytest.raises(UnsupportedModelError, match="Linear is not a chain"):
         Streamer(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+    with pytest.raises(UnsupportedModelError, match=r"layers.1 is a MaxPool2d.*stride = window, no padding"):
+        Streamer(Sequential(layers.Flatten(), layers.MaxPool2d(3, stride=2)))

@@ -3,7 +3,7 @@
 ``snnjax.deploy.graph.layer_ops(model)`` describes a supported model as the ops its eval-mode
 forward applies, in order:
 
-- ``flatten``: ``[N, H, W, C] -> [N, H*W*C]`` (HWC order);
+- ``flatten``: ``[N, H, W, C] -> [N, H*W*C]`` (HWC order, or a ``layers.Flatten``'s own order);
 - ``linear`` (``nnx.Linear``, kernel ``[in, out]``): ``[N, in] -> [N, out]``;
 - ``conv`` (``layers.Conv2d``, kernel ``[kh, kw, I, O]``): ``[N, H, W, I] -> [N, H', W', O]``;
 - ``batchnorm`` (``layers.BatchNorm``, eval mode: running statistics): per channel, last axis;
@@ -27,14 +27,12 @@ from flax import nnx
 from snnjax import layers
 from snnjax.neurons.base import state_dtype
 
-KINDS = ("flatten", "linear", "conv", "batchnorm", "avgpool", "maxpool", "dropout", "neuron")
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Op:
-    """One primitive op: ``kind`` (one of ``KINDS``), its ``name`` (the model's attribute path, e.g.
-    ``"features.3.conv"``), the ``module`` holding its parameters (None for parameter-free ops) and
-    ``size`` (pooling window and stride)."""
+    """One primitive op: ``kind`` (one of ``snnjax.models.sequential.KINDS``), its ``name`` (the model's attribute
+    path, e.g. ``"features.3.conv"``), the ``module`` holding its parameters (None for parameter-free ops; a
+    ``flatten``'s ``layers.Flatten`` gives its order) and ``size`` (pooling window and stride)."""
 
     kind: str
     name: str
@@ -45,7 +43,7 @@ class Op:
 def apply_stateless(op: Op, x: jax.Array, lead: int) -> jax.Array:
     """A stateless op on ``x`` with ``lead`` leading batch-like axes (2: ``[T, N, ...]``, 1: ``[N, ...]``)."""
     if op.kind == "flatten":
-        return layers.flatten_features(x, lead)
+        return layers.flatten_features(x, lead, "hwc" if op.module is None else op.module.order)
     if op.kind in ("linear", "conv", "batchnorm"):
         return op.module(x)
     if op.kind == "avgpool":

@@ -2,8 +2,9 @@
 
 A run's workdir (``train.py --workdir RUN``) holds ``config.json`` (the whole config) and
 ``checkpoints/<step>/`` (orbax; the parameter tree and BatchNorm statistics, whatever layout
-trained it). The model is rebuilt from the config exactly as the trainer built it (sizes from
-the dataset) and returned in eval mode with the checkpoint's parameters, on the default device.
+trained it). The model is rebuilt from the config exactly as the trainer built it
+(``snnjax.train.loop.init_model``, sizes from the dataset) and returned in eval mode with the
+checkpoint's parameters (``snnjax.load_model``, as a notebook restores a model), on the default device.
 """
 from __future__ import annotations
 
@@ -13,19 +14,14 @@ import pathlib
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
 from snnjax.data import get_source
-from snnjax.models import create_model
 from snnjax.train import config as config_lib
-from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
-from snnjax.train.loop import model_kwargs
-from snnjax.train.optim import make_optimizer
-from snnjax.train.step import StepConfig, TrainState, split_model
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+from snnjax.train.loop import init_model, step_config
+from snnjax.train.model_trainer import checkpoint_step, load_model
+from snnjax.train.step import StepConfig
 
 
 @dataclasses.dataclass
@@ -91,15 +87,10 @@ def make_source(c: ml_collections.ConfigDict, split: str, data_dir: str | None =
 def build_model(c: ml_collections.ConfigDict) -> tuple[nnx.Module, StepConfig]:
     """The config's model as the trainer initialises it (sizes from the data), in eval mode, and the step
     settings that turn a batch's inputs into its ``[T, N, ...]`` (encoder, compute dtype)."""
-    dtype = DTYPES[c.dtype]
     source = make_source(c, "test")
-    model = create_model(c.model.name, model_kwargs(c, source), rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
-                         dtype=dtype, param_dtype=jnp.float64 if c.dtype == "float64" else jnp.float32)
+    model = init_model(c, source)
     model.eval()
-    time_major = getattr(source, "time_steps", None) is not None
-    step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
-                          loss=c.loss, tet_lambda=c.tet_lambda, compute_dtype=dtype)
-    return model, step_cfg
+    return model, step_config(c, getattr(source, "time_steps", None) is not None)
 
 
 def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRun:
@@ -115,20 +106,6 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRu
     if c.dtype == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(f"the run in {workdir} trained in float64: call "
                          "jax.config.update('jax_enable_x64', True) before loading it")
-    steps = complete_steps(workdir / "checkpoints")
-    if not steps:
-        raise CheckpointError(f"{workdir / 'checkpoints'} holds no complete checkpoint: train the run first")
-    if step is not None and step not in steps:
-        raise CheckpointError(f"no checkpoint of step {step} in {workdir / 'checkpoints'}; its steps are {steps}")
+    directory, step = checkpoint_step(workdir / "checkpoints", step)
     model, step_cfg = build_model(c)
-    graphdef, params, rngs, rest = split_model(model)
-    template = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                          opt_state=make_optimizer(c, 1)[0].init(params))
-    reader = Checkpointer(workdir / "checkpoints", read_only=True)
-    try:
-        state, _ = reader.restore(template, step)
-    finally:
-        reader.close()
-    model = nnx.merge(graphdef, state.params, rngs, state.model_state)
-    model.eval()
-    return RestoredRun(c, model, int(jax.device_get(state.step)), step_cfg, workdir)
+    return RestoredRun(c, load_model(model, directory, step), step, step_cfg, workdir)

@@ -28,7 +28,7 @@ _jitted_step = jax.jit(_step, static_argnums=0)
 
 
 class Streamer:
-    """Stateful single-step inference over ``model`` (``SpikingMLP``, ``CIFAR10DVSVGG``, ``SpikingSequential``).
+    """Stateful single-step inference over ``model`` (``SpikingMLP``, ``CIFAR10DVSVGG``, a ``Sequential`` of ops).
 
     Call it with one time step ``x [N, ...]`` (the model's input without ``T``) to get logits ``[N, K]``;
     the neuron states persist until :meth:`reset`. ``states`` holds them (one array per neuron layer,

@@ -1,12 +1,13 @@
 """NIR (Neuromorphic Intermediate Representation, the ``nir`` package) export and import.
 
-    graph = to_nir(model, (48, 48, 2))      # SpikingMLP, CIFAR10DVSVGG or SpikingSequential, eval mode
+    graph = to_nir(model, (48, 48, 2))      # SpikingMLP, CIFAR10DVSVGG or a Sequential of ops, eval mode
     nir.write("model.nir", graph)
-    model2 = from_nir(nir.read("model.nir"))  # a SpikingSequential with the same outputs
+    model2 = from_nir(nir.read("model.nir"))  # a snnjax.Sequential with the same outputs
 
 What maps to what (NIR uses PyTorch's channels-first layout: tensors ``(C, H, W)``, conv weights
 ``[O, I, kh, kw]``, linear weights ``[out, in]``; snnjax's channels-last tensors and kernels are
-transposed, and a linear layer after a flatten has its inputs reordered from HWC to CHW):
+transposed, and a linear layer after an HWC flatten has its inputs reordered to CHW; ``from_nir`` flattens
+in NIR's CHW order, ``layers.Flatten("chw")``):
 
 - ``conv`` -> ``nir.Conv2d``, ``linear`` -> ``nir.Affine`` (``nir.Linear`` without bias);
 - ``batchnorm`` (eval mode) -> folded into the conv / linear before it (``fold_batchnorm``);
@@ -36,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from snnjax.deploy.graph import layer_ops
-from snnjax.deploy.sequential import SpikingSequential
+from snnjax.models.sequential import Sequential
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.base import decay_rate
 
@@ -73,7 +74,7 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
     ops = layer_ops(model)
     shape = tuple(int(d) for d in input_shape)
     nodes: list[tuple[str, Any]] = [("input", nir.Input(input_type=np.array(_nir_shape(shape))))]
-    flat_from = None  # (H, W, C) of the last flatten, until the linear layer that reads it
+    flat_from = None  # (H, W, C) of the last HWC flatten, until the linear layer that reads it
     for op in ops:
         name = op.name.replace(".", "_")
         if op.kind == "dropout":
@@ -130,7 +131,8 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
                 continue
             nodes.append((name, nir.Flatten(input_type={"input": np.array(_nir_shape(shape))}, start_dim=0,
                                             end_dim=-1)))
-            flat_from, shape = shape, (int(np.prod(shape)),)
+            hwc = op.module is None or op.module.order == "hwc"
+            flat_from, shape = shape if hwc else None, (int(np.prod(shape)),)
         else:  # neuron
             nodes.append((name, _neuron_node(op, _nir_shape(shape), dt)))
     nodes.append(("output", nir.Output(output_type=np.array(_nir_shape(shape)))))
@@ -202,8 +204,8 @@ def _training_settings(node) -> dict[str, Any]:
 
 
 def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: nnx.Rngs | None = None,
-             dtype=None, param_dtype=None) -> SpikingSequential:
-    """A :class:`SpikingSequential` computing NIR ``graph`` (or the file it is in), in eval mode.
+             dtype=None, param_dtype=None) -> Sequential:
+    """A ``Sequential`` (``Sequential.from_specs``) computing NIR ``graph`` (or the file it is in), in eval mode.
 
     ``dt``: seconds per time step the graph's time constants are read with (as written by ``to_nir``).
 
@@ -215,7 +217,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
     chain = _chain(graph)
     in_shape = tuple(int(d) for d in chain[0][1].input_type["input"])
     shape = (in_shape[1], in_shape[2], in_shape[0]) if len(in_shape) == 3 else in_shape
-    specs, weights, flat_from = [], [], None
+    specs, weights = [], []
     for name, node in chain[1:-1]:
         if isinstance(node, nir.Conv2d):
             if _pair(node.dilation, f"{name}: dilation") != 1 or int(np.asarray(node.groups)) != 1:
@@ -231,10 +233,6 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
             weights.append((w.transpose(2, 3, 1, 0), np.asarray(node.bias)))
         elif isinstance(node, (nir.Affine, nir.Linear)):
             w = np.asarray(node.weight)  # [out, in]
-            if flat_from is not None:  # NIR's CHW order -> snnjax's HWC
-                c, h, wd = flat_from
-                w = w.reshape(-1, c, h, wd).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
-                flat_from = None
             bias = np.asarray(node.bias) if isinstance(node, nir.Affine) else np.zeros(w.shape[0], w.dtype)
             specs.append({"kind": "linear", "features": w.shape[0]})
             weights.append((w.T, bias))
@@ -248,9 +246,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
             shape_in = node.input_type["input"]
             if node.start_dim != 0 or node.end_dim not in (-1, len(shape_in) - 1 if shape_in is not None else -1):
                 raise NIRError(f"{name}: only a flatten of every dim of an example (start_dim=0, end_dim=-1)")
-            if shape_in is not None and len(shape_in) == 3 and (shape_in[0] > 1 and shape_in[1] * shape_in[2] > 1):
-                flat_from = tuple(int(d) for d in shape_in)
-            specs.append({"kind": "flatten"})
+            specs.append({"kind": "flatten", "order": "chw"})
             weights.append(None)
         elif isinstance(node, (nir.IF, nir.LIF)):
             specs.append(_neuron_spec(name, node, dt))
@@ -258,7 +254,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
         else:
             raise NIRError(f"node {name!r} is a {type(node).__name__}, which from_nir does not map (it takes "
                            "Affine, Linear, Conv2d, AvgPool2d, Flatten, IF, LIF)")
-    model = SpikingSequential(shape, specs, rngs=rngs or nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+    model = Sequential.from_specs(shape, specs, rngs=rngs or nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
     for layer, w in zip(model.layers, weights, strict=True):
         if w is not None:
             layer.kernel[...] = jnp.asarray(w[0], layer.kernel[...].dtype)

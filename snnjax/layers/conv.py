@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from snnjax.layers import conv_cpu
@@ -116,11 +117,12 @@ class Flatten(nnx.Module):
         self.order = order
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        if x.ndim == 5 and self.order == "chw":
-            x = x.transpose(0, 1, 4, 2, 3)
-        return flatten_features(x)
+        return flatten_features(x, 2, self.order)
 
 
-def flatten_features(x: jax.Array, lead: int = 2) -> jax.Array:
-    """Flatten everything after the first ``lead`` axes: ``[T, N, H, W, C] -> [T, N, H*W*C]`` (HWC order)."""
+def flatten_features(x: jax.Array, lead: int = 2, order: str = "hwc") -> jax.Array:
+    """Flatten everything after the first ``lead`` axes: ``[T, N, H, W, C] -> [T, N, H*W*C]`` (HWC order;
+    ``order="chw"``: an image ``[*lead, H, W, C]`` flattens channels outermost, as torch's ``C*H*W``)."""
+    if order == "chw" and x.ndim == lead + 3:
+        x = jnp.moveaxis(x, -1, lead)
     return x.reshape(x.shape[:lead] + (-1,))

@@ -14,17 +14,41 @@ made from the layers: a unit ends after each spiking neuron, and whatever follow
 neuron (a classifier head) is one more unit. Layer ``i`` is ``net.layers[i]``; its variables'
 paths start ``layers.i`` (and its SpikingJelly ``nn.Sequential`` key prefix is ``i.``, which
 ``snnjax.interop.layers`` uses to import such a model's weights).
+
+``Sequential.from_specs(in_shape, specs, rngs=...)`` builds the layers from plain dicts, the sizes
+following from ``in_shape`` (one example at one time step, ``(H, W, C)`` or ``(F,)``); a NIR graph
+imports into this form (``snnjax.interop.nir``), and ``dvs_gesture_net`` is built with it. Each spec
+has a ``kind`` (``KINDS``):
+
+- ``{"kind": "conv", "features": O, "kernel": k, "stride": 1, "padding": 0, "bias": True}``
+- ``{"kind": "linear", "features": O, "bias": True}``
+- ``{"kind": "batchnorm"}``, ``{"kind": "dropout"}`` (rate 0: the identity)
+- ``{"kind": "flatten", "order": "hwc"}`` (``layers.Flatten``; ``"chw"`` is torch's order)
+- ``{"kind": "avgpool" | "maxpool", "size": k}`` (kernel = stride)
+- ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF", ...}`` plus the neuron's keywords (``tau``,
+  ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``, ``surrogate_function``)
+
+A Sequential made only of these layers (however it was built) is a chain of the inference ops of
+``snnjax.deploy.ops``: streaming, op counts, export and NIR take it.
 """
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
 
-from snnjax.layers import Flatten, MaxPool2d
+from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d, conv2d, dropout, linear
 from snnjax.models import remat
 from snnjax.models.units import Unit, run_units
+from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode
+from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
+KINDS = ("flatten", "linear", "conv", "batchnorm", "avgpool", "maxpool", "dropout", "neuron")
+NEURONS = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
 _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their input is
 
 
@@ -39,6 +63,18 @@ class Sequential(nnx.Module):
                 raise TypeError(f"Sequential: layer {i} is a {type(layer).__name__}, not an nnx.Module; wrap a "
                                 "function in a module (e.g. snnjax.layers.Flatten() for a flatten)")
         self.layers = nnx.List(layers)
+
+    @classmethod
+    def from_specs(cls, in_shape: Sequence[int], specs: Sequence[Mapping[str, Any]], *, rngs: nnx.Rngs,
+                   dtype=None, param_dtype=None) -> Sequential:
+        """The layers of ``specs`` (see the module docstring) for inputs ``[T, N, *in_shape]``."""
+        shape, built = tuple(int(d) for d in in_shape), []
+        for i, spec in enumerate(specs):
+            if spec.get("kind") not in KINDS:
+                raise ValueError(f"specs[{i}]: kind {spec.get('kind')!r} is not one of {list(KINDS)}")
+            layer, shape = _build(i, dict(spec), shape, rngs, dtype, param_dtype)
+            built.append(layer)
+        return cls(*built)
 
     def groups(self) -> list[list[int]]:
         """The layer indices of each unit: a unit ends after each neuron; the layers after the last one form one."""
@@ -87,3 +123,60 @@ class _Run:
         for i in self.idx:
             x = model.layers[i](x)
         return x
+
+
+def _build(i: int, spec: dict, shape: tuple[int, ...], rngs, dtype, param_dtype) -> tuple[nnx.Module, tuple]:
+    """Spec ``i``'s layer for inputs ``[T, N, *shape]``, and its output's ``shape``."""
+    kind = spec.pop("kind")
+    where = f"specs[{i}] ({kind})"
+    if kind in ("conv", "avgpool", "maxpool") and len(shape) != 3:
+        raise ValueError(f"{where} needs an input [H, W, C], got {shape}")
+    if kind == "conv":
+        k, s, p = int(spec["kernel"]), int(spec.get("stride", 1)), int(spec.get("padding", 0))
+        conv = conv2d(shape[2], int(spec["features"]), k, stride=s, padding=p,
+                      use_bias=bool(spec.get("bias", True)), rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        h, w = ((d + 2 * p - k) // s + 1 for d in shape[:2])
+        return conv, (h, w, int(spec["features"]))
+    if kind == "linear":
+        if len(shape) != 1:
+            raise ValueError(f"{where} needs a flat input [F] (add a flatten), got {shape}")
+        return (linear(shape[0], int(spec["features"]), use_bias=bool(spec.get("bias", True)), rngs=rngs,
+                       dtype=dtype, param_dtype=param_dtype), (int(spec["features"]),))
+    if kind == "batchnorm":
+        return BatchNorm(shape[-1], dtype=dtype, param_dtype=param_dtype), shape
+    if kind in ("avgpool", "maxpool"):
+        size = int(spec["size"])
+        pooled = (shape[0] // size, shape[1] // size, shape[2])
+        return (AvgPool2d if kind == "avgpool" else MaxPool2d)(size), pooled
+    if kind == "flatten":
+        return Flatten(spec.get("order", "hwc")), (math.prod(shape),)
+    if kind == "dropout":
+        return dropout(0.0), shape
+    neuron = spec.pop("type", "LIF")
+    if neuron not in NEURONS:
+        raise ValueError(f"{where}: type {neuron!r} is not one of {sorted(NEURONS)}")
+    if isinstance(spec.get("surrogate_function"), str):
+        spec["surrogate_function"] = sg.get(spec["surrogate_function"])
+    return NEURONS[neuron](step_mode="m", **spec), shape
+
+
+def dvs_gesture_net(in_shape: Sequence[int] = (128, 128, 2), channels: int = 128, num_classes: int = 11, *,
+                    blocks: int = 5, hidden: int = 512, pool: str = "max", neuron: Mapping[str, Any] | None = None,
+                    rngs: nnx.Rngs, dtype=None, param_dtype=None) -> Sequential:
+    """SpikingJelly's DVSGestureNet layout from library layers: ``blocks`` x [Conv3x3 (no bias) -> BatchNorm ->
+    neuron -> pool 2], flatten, dropout, Linear(hidden) -> neuron, dropout, Linear(num_classes).
+
+    SpikingJelly ends with ``Linear(10 * num_classes) -> neuron -> VotingLayer(10)``; here the last layer is
+    a plain ``Linear(num_classes)`` giving logits. ``pool``: ``"max"`` (SpikingJelly's) or ``"avg"``.
+    ``neuron``: the neuron spec (default LIF, tau 2, hard reset to 0, detach_reset).
+    """
+    if pool not in ("max", "avg"):
+        raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
+    cell = {"kind": "neuron", "type": "LIF", "tau": 2.0, "detach_reset": True, **(neuron or {})}
+    specs: list[dict[str, Any]] = []
+    for _ in range(blocks):
+        specs += [{"kind": "conv", "features": channels, "kernel": 3, "padding": 1, "bias": False},
+                  {"kind": "batchnorm"}, dict(cell), {"kind": f"{pool}pool", "size": 2}]
+    specs += [{"kind": "flatten"}, {"kind": "dropout"}, {"kind": "linear", "features": hidden}, dict(cell),
+              {"kind": "dropout"}, {"kind": "linear", "features": num_classes}]
+    return Sequential.from_specs(in_shape, specs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

@@ -62,7 +62,7 @@ from snnjax.train.step import StepConfig, TrainState, model_inputs, split_model
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}  # config.dtype -> compute dtype
 _OFFLOADED = {"opt_state": "optimizer state", "params": "parameters (fetched per unit)",
               "all": "parameters (fetched per unit) and optimizer state"}
 
@@ -81,6 +81,20 @@ def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
     kwargs = {k: v for k, v in c.model.items() if k != "name" and v is not None}
     sizes = sizes_from_data(c.model.name, DataShape.of(source, c.data.time_steps), kwargs)
     return {**sizes, **kwargs}
+
+
+def init_model(c: ml_collections.ConfigDict, source) -> nnx.Module:
+    """The config's model as a run initialises it: sizes from ``source``'s data, weights from ``c.seed``."""
+    return create_model(c.model.name, model_kwargs(c, source), rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
+                        dtype=DTYPES[c.dtype], param_dtype=jnp.float64 if c.dtype == "float64" else jnp.float32)
+
+
+def step_config(c: ml_collections.ConfigDict, time_major: bool) -> StepConfig:
+    """The run's step settings: how a batch's inputs become the model's ``[T, N, ...]`` (the data encoder unless
+    the data is ``time_major`` event frames, the compute dtype), the loss, accumulation and non-finite steps."""
+    return StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
+                      loss=c.loss, tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps,
+                      compute_dtype=DTYPES[c.dtype], skip_nonfinite=c.nonfinite == "skip")
 
 
 def _pipeline_args(c: ml_collections.ConfigDict, source, dtype) -> dict[str, Any]:
@@ -146,15 +160,10 @@ class Trainer:
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
 
-        dtype = _DTYPES[c.dtype]
-        param_dtype = jnp.float64 if c.dtype == "float64" else jnp.float32
+        dtype = DTYPES[c.dtype]
         self.model_name = c.model.name if model is None else type(model).__name__
         if model is None:
-            self.model_kwargs = model_kwargs(c, train_src)
-            model = create_model(c.model.name, self.model_kwargs, rngs=nnx.Rngs(params=c.seed, dropout=c.seed + 1),
-                                 dtype=dtype, param_dtype=param_dtype)
-        else:
-            self.model_kwargs = {}
+            model = init_model(c, train_src)
         settings = config_lib.remat_settings(c)
         if callable(getattr(model, "units", None)) or settings != remat.MemorySettings():
             remat.configure(model, settings)
@@ -164,10 +173,7 @@ class Trainer:
         self.mesh = self.plan.mesh
         self.memory_search = None
 
-        self.step_cfg = step_cfg = StepConfig(seed=c.seed, time_steps=c.data.time_steps,
-                              encoder=None if self.time_major else c.data.encoder, loss=c.loss,
-                              tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps, compute_dtype=dtype,
-                              skip_nonfinite=c.nonfinite == "skip")
+        self.step_cfg = step_cfg = step_config(c, self.time_major)
         self.offload = c.parallel.offload if c.parallel.offload != "auto" else "none"
         if c.parallel.memory_budget_mb > 0:
             self.memory_search = self._search_memory(model, step_cfg, train_src, dtype)

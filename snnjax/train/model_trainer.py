@@ -309,19 +309,34 @@ def _time_steps(example: Batch | None) -> int | None:
     return None if example is None else int(np.shape(example["inputs"])[0])
 
 
+def checkpoint_step(directory: str | pathlib.Path, step: int | None = None) -> tuple[pathlib.Path, int]:
+    """The checkpoint folder ``directory`` (a ``train.py`` workdir: its ``checkpoints``) and the step to read there:
+    ``step`` if it has a complete checkpoint, else (``step=None``) the latest.
+
+    Raises:
+      CheckpointError: no complete checkpoint there, or none of ``step`` (the message lists the steps).
+    """
+    directory = pathlib.Path(directory).absolute()
+    if (directory / "checkpoints").is_dir() and not complete_steps(directory):
+        directory = directory / "checkpoints"  # a train.py workdir
+    steps = complete_steps(directory) if directory.is_dir() else []
+    if not steps:
+        raise CheckpointError(f"{directory} holds no complete checkpoint: save one first (ModelTrainer.save, or "
+                              "train the run with train.py --workdir)")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"no checkpoint of step {step} in {directory}; its steps are {steps}")
+    return directory, steps[-1] if step is None else step
+
+
 def load_model(model: nnx.Module, directory: str | pathlib.Path, step: int | None = None) -> nnx.Module:
     """``model`` (in place, and returned) with the parameters and BatchNorm statistics of the checkpoint of
     ``step`` (default: the latest) in ``directory``, saved by ``ModelTrainer.save`` or ``train.py`` (its
     ``WORKDIR/checkpoints``) under any layout. ``model`` must be built as the one trained (same class and
-    sizes); a variable missing from the checkpoint or of another shape is an error naming it."""
-    directory = pathlib.Path(directory).absolute()
-    if (directory / "checkpoints").is_dir() and not complete_steps(directory):
-        directory = directory / "checkpoints"  # a train.py workdir
+    sizes); a variable missing from the checkpoint or of another shape is an error naming it. The optimizer
+    state is not needed (``snnjax.deploy.run.load_run`` restores a ``train.py`` run's model with this)."""
+    directory, step = checkpoint_step(directory, step)
     reader = Checkpointer(directory, read_only=True)
     try:
-        step = reader.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"no checkpoint found in {directory}")
         saved = reader.restore_raw(step)
     finally:
         reader.close()
