@@ -105,3 +105,13 @@ def test_compare_spikingjelly_with_a_missing_interpreter_records_the_error(tmp_p
                       "--compare-spikingjelly", "--sj-python", str(tmp_path / "none"), "--out", str(out)])
     assert "none" in rec["spikingjelly_error"] and rec["median_ms"] > 0
     assert rec["threads"]["schedulable_cores"] >= 1 and json.loads(out.read_text())["spikingjelly_error"]
+
+
+def test_config_mode_times_the_recipes_model_on_its_data(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    rec = bench.main(["--config", "configs/shd_mlp.py", "--batch-size", "4", "--T", "3", "--steps", "1",
+                      "--warmup", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == rec
+    assert rec["model"] == "mlp" and rec["dataset"] == "shd" and rec["input_shape"] == [3, 4, 700]
+    assert rec["num_params"] == 701 * 256 + 257 * 256 + 257 * 20 + 4 * 256  # 700-256-256-20, BatchNorm scale, bias
+    assert rec["samples_per_s"] == pytest.approx(4000 / rec["median_ms"], rel=1e-3) and math.isfinite(rec["loss"])

@@ -7,9 +7,11 @@ from snnjax.data import Loader
 from snnjax.data.registry import get_source
 
 OPTIONS = {
-    "dvs128_gesture": {"time_steps": 2, "size": 16, "flip": True, "translate": 2, "num_workers": 2},
-    "ncaltech101": {"time_steps": 2, "size": 16, "flip": True, "translate": 2, "train_ratio": 1.0},
-    "shd": {"time_steps": 3, "split_by": "time"},
+    "dvs128_gesture": {"time_steps": 3, "size": 16, "flip": True, "translate": 2, "num_workers": 2,
+                       "temporal_delete": 2},
+    "ncaltech101": {"time_steps": 2, "size": 16, "flip": True, "translate": 2, "train_ratio": 1.0,
+                    "crop_scale": 0.7, "roll": 2, "rotate": 30.0, "cutout": 4, "nda": True},
+    "shd": {"time_steps": 3, "split_by": "time", "temporal_delete": 2, "num_workers": 2},
     "ssc": {"time_steps": 3},
     "image_folder": {"size": 16, "num_workers": 2},
 }
@@ -32,3 +34,5 @@ def test_resume_mid_epoch_matches(dataset, tmp_path, monkeypatch):
         for key in ("inputs", "labels", "mask"):
             np.testing.assert_array_equal(a[key], b[key])
     assert any(np.asarray(b["inputs"]).any() for b in full)
+    steps_seen = OPTIONS[dataset].get("temporal_delete", OPTIONS[dataset].get("time_steps"))
+    assert source.time_steps == steps_seen and all(b["inputs"].shape[0] == steps_seen for b in full if steps_seen)

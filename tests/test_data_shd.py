@@ -154,3 +154,19 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
     again = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=str(root))
     assert len(again) == 2
     np.testing.assert_array_equal(again.spikes(1)[1], new[1][1])
+
+
+def test_workers_read_the_same_batches(shd_dir):
+    root, _, _ = shd_dir
+    batches = []
+    for workers, cache in ((1, True), (2, True), (2, False)):
+        src = get_source("shd", "train", data_dir=root, time_steps=4, temporal_delete=3, num_workers=workers,
+                         cache=cache)
+        assert src.workers.count == workers
+        loader = Loader(src, 2, seed=3, process_index=0, process_count=1, prefetch=0)
+        batches.append([b["inputs"] for b in loader.epoch_batches(1)])
+    for other in batches[1:]:
+        for a, b in zip(batches[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"num_workers must be an integer >= 1.*data.options.num_workers"):
+        get_source("shd", "train", data_dir=root, num_workers=0)

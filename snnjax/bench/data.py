@@ -4,12 +4,15 @@
         [--examples N] [--batch-size B] [--time-steps T] [--workers 1 2] [--dir DIR] [--out FILE.jsonl]
 
 Writes ``--examples`` generated examples (:mod:`snnjax.bench.data_formats`) into ``--dir`` (a fresh
-temporary folder by default), then for each worker count reads one epoch of training batches through
-:class:`snnjax.data.Loader` (with the augmentation keys, prefetch 2) and reports samples/s. Event-frame
-datasets are read twice: ``cold`` decodes, integrates and writes the frame cache, ``warm`` reads the
-cache (each worker count starts from an empty cache). Generated sizes per example: DVS128 Gesture
-200,000 events (AEDAT 3.1, 1.6 MB), N-Caltech101 100,000 events (ATIS, 500 kB), SHD/SSC 6,000 spikes,
-image folder 500x375 JPEG (quality 90). ``--out`` appends one JSON line per measurement.
+temporary folder by default), then for each worker count (the ``num_workers`` option) reads one epoch
+of training batches through :class:`snnjax.data.Loader` (with the augmentation keys, prefetch 2) and
+reports samples/s. Event datasets are read twice: ``cold`` decodes, integrates and writes the frame
+cache (DVS128 Gesture, N-Caltech101), or first copies the HDF5 spikes to their memory-mapped copy
+(SHD/SSC: ``setup_s``, outside samples/s), and ``warm`` reads the cache (each worker count starts
+from an empty cache). Records carry the 1, 5 and 15-minute load averages at the start of the epoch.
+Generated sizes per example: DVS128 Gesture 200,000 events (AEDAT 3.1, 1.6 MB), N-Caltech101 100,000
+events (ATIS, 500 kB), SHD/SSC 6,000 spikes, image folder 500x375 JPEG (quality 90). ``--out`` appends
+one JSON line per measurement.
 """
 from __future__ import annotations
 
@@ -89,25 +92,28 @@ def epoch_rate(source, batch_size: int) -> float:
 
 
 def measure(dataset: str, root: Path, batch_size: int, time_steps: int, workers: int) -> list[dict]:
-    options = {}
+    """One record per phase: ``cold`` (no cache yet: the event-camera datasets build their frame cache during
+    the epoch, SHD/SSC copy their spikes when the source is built, ``setup_s``) then ``warm``; image folders,
+    which cache nothing, one ``read``. ``workers``: the ``num_workers`` option (decoding threads)."""
+    options: dict = {"num_workers": workers}
     if dataset in ("dvs128_gesture", "ncaltech101"):
-        options = {"size": 48 if dataset == "ncaltech101" else 128, "flip": True, "translate": 4,
-                   "num_workers": workers}
+        options.update(size=48 if dataset == "ncaltech101" else 128, flip=True, translate=4, cache_dir=str(root))
     elif dataset == "image_folder":
-        options = {"size": 224, "num_workers": workers}
+        options.update(size=224)
     kwargs = {"time_steps": time_steps} if dataset != "image_folder" else {}
     records = []
-    for cache_dir in root.glob("frames_*"):
+    for cache_dir in [*root.glob("frames_*"), *root.glob("*.spikes")]:
         shutil.rmtree(cache_dir)
-    for phase in ("cold", "warm") if dataset in ("dvs128_gesture", "ncaltech101") else ("read",):
-        source = get_source(dataset, "train", data_dir=root, cache_dir=str(root), **kwargs, **options) \
-            if dataset in ("dvs128_gesture", "ncaltech101") else get_source(dataset, "train", data_dir=root,
-                                                                             **kwargs, **options)
+    for phase in ("cold", "warm") if dataset != "image_folder" else ("read",):
+        start = time.perf_counter()
+        source = get_source(dataset, "train", data_dir=root, **kwargs, **options)
+        setup = time.perf_counter() - start
+        load = os.getloadavg()
         rate = epoch_rate(source, batch_size)
         records.append({"bench": "data", "dataset": dataset, "phase": phase, "workers": workers,
                         "examples": len(source), "batch_size": batch_size, "example_shape": list(source.example_shape),
-                        "samples_per_s": round(rate, 2), "load_avg": round(os.getloadavg()[0], 2),
-                        "cpus": os.cpu_count()})
+                        "samples_per_s": round(rate, 2), "setup_s": round(setup, 3), "load_avg": round(load[0], 2),
+                        "load_avg_5_15": [round(x, 2) for x in load[1:]], "cpus": os.cpu_count()})
         print(json.dumps(records[-1]), flush=True)
     return records
 
@@ -128,8 +134,7 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         generate(args.dataset, root, args.examples)
         print(f"generated {args.examples} examples in {time.perf_counter() - start:.1f} s under {root}", flush=True)
-        workers = [1] if args.dataset in ("shd", "ssc") else args.workers  # one HDF5 reader: no worker option
-        records = [r for w in workers for r in measure(args.dataset, root, args.batch_size, args.time_steps, w)]
+        records = [r for w in args.workers for r in measure(args.dataset, root, args.batch_size, args.time_steps, w)]
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if args.out:
             with open(args.out, "a") as f:

@@ -115,10 +115,11 @@ def split_files_by_ratio(files_per_class: list[list[Path]], split: str,
 
 def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
                       size: int | tuple[int, int] | None = None, train_ratio: float = 0.9,
-                      split_by: str | None = None, duration: int | None = None, flip: bool | None = None,
-                      translate: int | None = None, num_workers: int = 1,
-                      cache_dir: str | os.PathLike | None = None,
-                      cache: bool = True) -> EventFolderSource:
+                      split_by: str | None = None, duration: int | None = None,
+                      flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
+                      roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
+                      nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
+                      cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
     """CIFAR10-DVS frames ``[n, T, h, w, 2]`` (event counts, area-averaged if resized).
 
     Args:
@@ -127,7 +128,7 @@ def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_st
       time_steps: ``T``, frames per example (equal event counts per frame).
       size: ``None`` for 128x128, an int or ``(h, w)`` to area-resize to.
       train_ratio: fraction of each class (first files by name) in ``"train"``.
-      split_by, duration, flip, translate, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
+      split_by, duration, the augmentations, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
       cache_dir, cache: see :class:`EventFolderSource`.
     """
     if split not in ("train", "test", "all"):
@@ -147,7 +148,9 @@ def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_st
         raise FileNotFoundError(f"cifar10dvs: no .aedat files for split {split!r} under {root}. {_HINT}")
     if isinstance(size, int):
         size = (size, size)
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip, translate)
+    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
+                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
+                                   temporal_delete=temporal_delete)
     return EventFolderSource(root, files, labels, reader=read_cifar10dvs_aedat,
                              sensor_size=CIFAR10DVS_SIZE, num_classes=10, frames=spec,
                              size=size, cache_dir=cache_dir, cache=cache, augment=augment,

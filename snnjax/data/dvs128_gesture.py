@@ -205,7 +205,9 @@ def gesture_samples(root: Path, split: str) -> list[tuple[Path, int, int, int, s
 
 def dvs128_gesture_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 16,
                           split_by: str | None = None, duration: int | None = None, size: int | None = None,
-                          flip: bool | None = None, translate: int | None = None, num_workers: int = 1,
+                          flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
+                          roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
+                          nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
                           cache_dir: str | os.PathLike | None = None, cache: bool = True) -> DVS128GestureSource:
     """DVS128 Gesture frames ``[n, T, h, w, 2]`` (event counts), labels 0..10.
 
@@ -215,7 +217,9 @@ def dvs128_gesture_source(split: str, *, data_dir: str | os.PathLike | None, tim
       time_steps: ``T``.
       split_by: ``"number"`` (default), ``"time"`` or ``"duration"`` (with ``duration`` in microseconds).
       size: area-resize frames to ``size x size`` (None: 128x128).
-      flip, translate: training augmentations (see :class:`~snnjax.data.augment.EventAugment`).
+      flip, translate, crop_scale, roll, rotate, cutout, nda, temporal_delete: training augmentations, off by
+        default (:class:`~snnjax.data.augment.EventAugment`); ``temporal_delete`` keeps that many of the ``T``
+        frames, so training examples are ``[temporal_delete, h, w, 2]`` (the test split keeps all ``T``).
       num_workers: threads decoding a batch.
       cache_dir, cache: see :class:`EventFolderSource`.
 
@@ -230,7 +234,9 @@ def dvs128_gesture_source(split: str, *, data_dir: str | os.PathLike | None, tim
         root = root / "DvsGesture"
     if not root.is_dir():
         raise FileNotFoundError(f"dvs128_gesture: directory {root} not found. {_HINT}")
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip, translate)
+    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
+                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
+                                   temporal_delete=temporal_delete)
     return DVS128GestureSource(root, gesture_samples(root, split), frames=spec,
                                size=None if size is None else (size, size), cache_dir=cache_dir, cache=cache,
                                augment=augment, num_workers=num_workers)

@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from snnjax.data.augment import EventAugment
+from snnjax.data.augment import EventAugment, check_keyless_read
 from snnjax.data.events import Events, resize_area
 from snnjax.data.frame_cache import load_frames, save_frames
 from snnjax.data.frames import FrameSpec
 from snnjax.data.source import Source
+from snnjax.data.workers import Workers
 
 
 class EventFolderSource(Source):
@@ -49,7 +50,8 @@ class EventFolderSource(Source):
       size: optional ``(h, w)`` to area-resize frames to; ``None`` keeps ``(H, W)``.
       cache_dir: folder that holds the cache subfolder (default ``root``).
       cache: whether to read and write the frame cache.
-      augment: per-example augmentation applied when the loader passes keys (training).
+      augment: per-example augmentation applied when the loader passes keys (training); with its
+        ``temporal_delete`` the examples hold that many of the ``T`` frames built (``time_steps`` says so).
       num_workers: threads that decode a batch's examples (1: the caller's thread).
       name: the dataset's name in progress bars and errors.
     """
@@ -64,8 +66,6 @@ class EventFolderSource(Source):
             frames = FrameSpec(time_steps=10 if time_steps is None else time_steps)
         if len(files) != len(labels):
             raise ValueError(f"{len(files)} files but {len(labels)} labels")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.root = Path(root)
         self.files = [Path(f) for f in files]
         self.labels = np.asarray(labels, np.int32)
@@ -74,19 +74,24 @@ class EventFolderSource(Source):
         self.sensor_size = tuple(sensor_size)
         self.size = self.sensor_size if size is None else (int(size[0]), int(size[1]))
         self.num_classes = int(num_classes)
-        self.time_steps = frames.time_steps
-        self.example_shape = (self.time_steps, *self.size, 2)
+        self.augment = augment if augment is not None and augment.active else None
+        self._set_steps()
         subdir = frames.cache_name
         if self.size != self.sensor_size:
             subdir += f"_area{self.size[0]}x{self.size[1]}"
         self.cache_root = Path(cache_dir if cache_dir is not None else self.root) / subdir
         self.cache = cache
-        self.augment = augment if augment is not None and augment.active else None
-        self.num_workers = int(num_workers)
+        self.workers = Workers(num_workers, name)
+        self.num_workers = self.workers.count
         self.name = name
         self._lock = threading.Lock()
         self._bar = None
-        self._pool: ThreadPoolExecutor | None = None
+
+    def _set_steps(self) -> None:
+        """``time_steps`` / ``example_shape`` of a read: the frames built, or fewer after a temporal delete."""
+        steps = self.spec.time_steps
+        self.time_steps = steps if self.augment is None else self.augment.time_steps(steps)
+        self.example_shape = (self.time_steps, *self.size, 2)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -94,11 +99,11 @@ class EventFolderSource(Source):
     def with_frames(self, frames: FrameSpec) -> EventFolderSource:
         """The same examples integrated by ``frames`` (e.g. a custom integrator), cached apart."""
         other = copy.copy(self)
-        other.spec, other.time_steps = frames, frames.time_steps
-        other.example_shape = (frames.time_steps, *self.size, 2)
+        other.spec = frames
+        other._set_steps()
         name = frames.cache_name + (f"_area{self.size[0]}x{self.size[1]}" if self.size != self.sensor_size else "")
         other.cache_root = self.cache_root.parent / name
-        other._lock, other._bar, other._pool = threading.Lock(), None, None
+        other._lock, other._bar = threading.Lock(), None
         return other
 
     # ------------------------------------------------------------------ per-example hooks (subclasses)
@@ -140,7 +145,7 @@ class EventFolderSource(Source):
             return self.compute_frames(index)
         path = self.cache_path(index)
         key = self.cache_key(index)
-        frames = load_frames(path, self.example_shape, key)
+        frames = load_frames(path, (self.spec.time_steps, *self.size, 2), key)
         if frames is None:
             self._start_progress()
             frames = self._build(index)
@@ -194,15 +199,10 @@ class EventFolderSource(Source):
 
     def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
-        if self.num_workers > 1 and len(rows) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix=f"snnjax-{self.name}")
-            frames = list(self._pool.map(lambda r: self._example(*r), rows))
-        else:
-            frames = [self._example(*r) for r in rows]
-        return np.stack(frames), self.labels[indices]
+        return np.stack(self.workers.map(lambda r: self._example(*r), rows)), self.labels[indices]
 
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        check_keyless_read(self.augment, self.name)
         return self._read_all(indices, None)
 
     def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,8 +217,14 @@ def require_dir(path: Path, dataset: str, hint: str) -> Path:
 
 
 def event_settings(split: str, time_steps: int, split_by: str | None, duration: int | None,
-                   flip: bool | None, translate: int | None) -> tuple[FrameSpec, EventAugment | None]:
-    """The frame integration and (on ``"train"`` only) the augmentation the dataset options ask for."""
+                   **augment: bool | int | float | None) -> tuple[FrameSpec, EventAugment | None]:
+    """The frame integration and (on ``"train"`` only) the augmentation the dataset options ask for.
+
+    ``augment``: :class:`EventAugment`'s fields (None: off), checked on every split (``temporal_delete``
+    against ``time_steps`` too) so a bad option fails whichever split is built first.
+    """
     frames = FrameSpec(time_steps=time_steps, split_by=split_by or "number", duration=duration)
-    augment = EventAugment(flip=bool(flip), translate=int(translate or 0)) if split == "train" else None
-    return frames, augment
+    augment = EventAugment(**{k: v for k, v in augment.items() if v is not None})
+    augment.time_steps(time_steps)
+    return frames, augment if split == "train" and augment.active else None
+

@@ -23,43 +23,21 @@ process reads only its slice of every batch.
 """
 from __future__ import annotations
 
-import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from snnjax.data.augment import random_resized_crop_box
 from snnjax.data.source import Source
+from snnjax.data.workers import Workers
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 EVAL_CROP_FRACTION = 0.875
 _SPLIT_DIRS = {"train": "train", "test": "val", "val": "val"}
 _HINT = ("Arrange the images as data_dir/train/<class>/*.JPEG and data_dir/val/<class>/*.JPEG (for ImageNet: "
          "extract ILSVRC2012_img_train.tar per class and sort the validation images into class folders).")
-
-
-def random_resized_crop_box(height: int, width: int, rng: np.random.Generator, scale=(0.08, 1.0),
-                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """``(top, left, h, w)`` of a random crop as torchvision's ``RandomResizedCrop.get_params``."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        h, w = height, int(round(height * ratio[1]))
-    else:
-        h, w = height, width
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def center_crop_box(height: int, width: int, size: int) -> tuple[float, float, float, float]:
@@ -108,8 +86,8 @@ class ImageFolderSource(Source):
 
     def __init__(self, files: list[Path], labels: list[int], num_classes: int, *, size: int = 224,
                  augment: bool = False, flip: bool = True, num_workers: int = 4):
-        if size < 1 or num_workers < 1:
-            raise ValueError(f"size and num_workers must be >= 1, got {size} and {num_workers}")
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size} (data.options.size / size=)")
         self.files = files
         self.labels = np.asarray(labels, np.int32)
         self.num_classes = int(num_classes)
@@ -117,8 +95,7 @@ class ImageFolderSource(Source):
         self.example_shape = (self.size, self.size, 3)
         self.augment = augment
         self.flip = flip
-        self.num_workers = int(num_workers)
-        self._pool: ThreadPoolExecutor | None = None
+        self.workers = Workers(num_workers, "images")
 
     def __len__(self) -> int:
         return len(self.files)
@@ -128,13 +105,7 @@ class ImageFolderSource(Source):
             rng = np.random.default_rng(keys[j]) if keys is not None and self.augment else None
             return load_image(self.files[int(indices[j])], self.size, rng, self.flip)
 
-        if self.num_workers > 1 and len(indices) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="snnjax-images")
-            images = list(self._pool.map(one, range(len(indices))))
-        else:
-            images = [one(j) for j in range(len(indices))]
-        return np.stack(images), self.labels[indices]
+        return np.stack(self.workers.map(one, range(len(indices)))), self.labels[indices]
 
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._load_all(indices, None)

@@ -40,8 +40,10 @@ def read_ncaltech101_bin(path: str | os.PathLike) -> Events:
 def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
                        train_ratio: float = 0.9, background: bool | None = None,
                        split_by: str | None = None, duration: int | None = None,
-                       size: int | tuple[int, int] | None = None, flip: bool | None = None,
-                       translate: int | None = None, num_workers: int = 1,
+                       size: int | tuple[int, int] | None = None,
+                       flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
+                       roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
+                       nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
                        cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
     """N-Caltech101 frames ``[n, T, h, w, 2]`` (event counts, area means if resized).
 
@@ -53,7 +55,7 @@ def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_s
       background: keep ``BACKGROUND_Google`` as a class (default True, as SpikingJelly).
       split_by, duration: the integration (``duration`` in microseconds); see :class:`FrameSpec`.
       size: an int or ``(h, w)`` to area-resize to (None: 180x240).
-      flip, translate, num_workers, cache_dir, cache: as :func:`dvs128_gesture_source`.
+      the augmentations, num_workers, cache_dir, cache: as :func:`dvs128_gesture_source`.
     """
     if split not in ("train", "test", "all"):
         raise ValueError(f"ncaltech101 split must be 'train', 'test' or 'all', got {split!r}")
@@ -81,7 +83,9 @@ def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_s
         raise FileNotFoundError(f"ncaltech101: no .bin files for split {split!r} under {root}. {_HINT}")
     if isinstance(size, int):
         size = (size, size)
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip, translate)
+    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
+                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
+                                   temporal_delete=temporal_delete)
     return EventFolderSource(root, files, labels, reader=read_ncaltech101_bin, sensor_size=NCALTECH101_SIZE,
                              num_classes=len(classes), frames=spec, size=size, cache_dir=cache_dir,
                              cache=cache, augment=augment, num_workers=num_workers, name="ncaltech101")

@@ -55,8 +55,10 @@ def read_atis_bin(path: str | os.PathLike, sensor_size: tuple[int, int]) -> Even
 
 
 def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
-                  split_by: str | None = None, duration: int | None = None, flip: bool | None = None,
-                  translate: int | None = None, num_workers: int = 1,
+                  split_by: str | None = None, duration: int | None = None,
+                  flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
+                  roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
+                  nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
                   cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
     """N-MNIST frames ``[n, T, 34, 34, 2]`` (event counts), labels = digit.
 
@@ -64,7 +66,7 @@ def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps:
       split: ``"train"`` or ``"test"``.
       data_dir: folder holding ``Train/`` and ``Test/``.
       time_steps: ``T``, frames per example (equal event counts per frame by default).
-      split_by, duration, flip, translate, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
+      split_by, duration, the augmentations, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
       cache_dir, cache: see :class:`EventFolderSource`.
     """
     if split not in NMNIST_SPLITS:
@@ -81,7 +83,9 @@ def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps:
         labels += [digit] * len(names)
     if not files:
         raise FileNotFoundError(f"nmnist: no .bin files under {split_dir}. {_HINT}")
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip, translate)
+    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
+                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
+                                   temporal_delete=temporal_delete)
     return EventFolderSource(root, files, labels, reader=read_nmnist_bin, sensor_size=NMNIST_SIZE,
                              num_classes=10, frames=spec, cache_dir=cache_dir, cache=cache, augment=augment,
                              num_workers=num_workers, name="nmnist")

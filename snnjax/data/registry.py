@@ -22,8 +22,11 @@ name               inputs per example         data / options
 =================  =========================  ==============================================
 
 The event-frame datasets (``nmnist`` to ``ncaltech101``) also take ``split_by``, ``duration``,
-``flip``, ``translate``, ``num_workers``, ``cache_dir`` and ``cache``; ``shd`` and ``ssc`` take
-``split_by``, ``duration``, ``cache_dir`` and ``cache`` (see :mod:`snnjax.data.frames`).
+the training augmentations ``flip``, ``translate``, ``crop_scale``, ``roll``, ``rotate``, ``cutout``,
+``nda`` and ``temporal_delete`` (:class:`snnjax.data.augment.EventAugment`), ``num_workers``,
+``cache_dir`` and ``cache``; ``shd`` and ``ssc`` take ``split_by``, ``duration``, ``temporal_delete``,
+``num_workers``, ``cache_dir`` and ``cache`` (see :mod:`snnjax.data.frames`). With
+``temporal_delete=k`` the training split's examples hold ``k`` of the ``time_steps`` frames built.
 
 Each entry says whether the source reads files (``reads_files``: it takes a ``data_dir``),
 whether its examples are event frames with their own time axis (``events``: it takes
@@ -73,8 +76,9 @@ def _tfds(name: str) -> Callable[..., Source]:
 
 
 _CACHE = {"cache_dir": str, "cache": bool}
-_FRAMES = {"split_by": str, "duration": int}
-_EVENTS = {**_FRAMES, "flip": bool, "translate": int, "num_workers": int, **_CACHE}
+_FRAMES = {"split_by": str, "duration": int, "temporal_delete": int, "num_workers": int}
+_EVENTS = {**_FRAMES, "flip": bool, "translate": int, "crop_scale": float, "roll": int, "rotate": float,
+           "cutout": int, "nda": bool, **_CACHE}
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(digits_source, reads_files=False, events=False,
                            options={"test_fraction": float, "seed": int}),

@@ -24,7 +24,9 @@ The arithmetic stays in the file's dtype, as SpikingJelly's. SpikingJelly's fram
 their labels are a permutation of the stored ones for 11 or more classes; labels here are the stored ones.
 Frames are computed on each read (a sample is a few thousand spikes) from a memory-mapped copy of
 the file's spikes made on first use (:mod:`snnjax.data.spike_cache`; ``cache=False`` reads the
-HDF5 file sample by sample).
+HDF5 file sample by sample), on ``num_workers`` threads. ``temporal_delete`` (training split) keeps a
+sorted random subset of that many of the ``T`` frames per example, keyed as the other augmentations
+(:class:`snnjax.data.augment.EventAugment`).
 """
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+from snnjax.data.augment import EventAugment, check_keyless_read
 from snnjax.data.events import Events, segment_bounds_by_number
 from snnjax.data.frames import FrameSpec, bounds_by_duration, bounds_by_time, count_segments
 from snnjax.data.source import Source
 from snnjax.data.spike_cache import spike_arrays
+from snnjax.data.workers import Workers
 
 NUM_CHANNELS = 700
 HEIDELBERG = {  # name -> (classes, splits)
@@ -82,12 +86,21 @@ class HeidelbergSource(Source):
       frames: the integration.
       cache_dir: folder for the memory-mapped spike copy (:mod:`snnjax.data.spike_cache`), default beside the file.
       cache: read through that copy (else sample by sample from the HDF5 file).
+      augment: applied when the loader passes keys (training); only its ``temporal_delete`` applies to
+        ``[T, 700]`` frames, and the examples then hold that many time steps.
+      num_workers: threads that read and integrate a batch's samples (1: the caller's thread).
     """
 
     def __init__(self, path: Path, num_classes: int, frames: FrameSpec, *,
-                 cache_dir: str | os.PathLike | None = None, cache: bool = True):
+                 cache_dir: str | os.PathLike | None = None, cache: bool = True,
+                 augment: EventAugment | None = None, num_workers: int = 1):
         import h5py  # noqa: PLC0415 (only these datasets need it)
 
+        if augment is not None and augment.spatial:
+            raise ValueError(f"{augment} moves pixels, but SHD/SSC frames are [T, 700] channels: only "
+                             "temporal_delete applies (data.options / keyword arguments)")
+        self.workers = Workers(num_workers, Path(path).stem)
+        self.augment = augment if augment is not None and augment.active else None
         self.path = Path(path)
         try:
             self._file = h5py.File(self.path, "r")
@@ -116,7 +129,11 @@ class HeidelbergSource(Source):
                 raise ValueError(f"{self.path}: {err}: the file is corrupt") from err
         self.spec = frames
         self.num_classes = int(num_classes)
-        self.time_steps = frames.time_steps
+        self._set_steps()
+
+    def _set_steps(self) -> None:
+        steps = self.spec.time_steps
+        self.time_steps = steps if self.augment is None else self.augment.time_steps(steps)
         self.example_shape = (self.time_steps, NUM_CHANNELS)
 
     def __len__(self) -> int:
@@ -125,8 +142,8 @@ class HeidelbergSource(Source):
     def with_frames(self, frames: FrameSpec) -> HeidelbergSource:
         """This file integrated by ``frames`` instead (e.g. a custom integrator)."""
         other = copy.copy(self)
-        other.spec, other.time_steps = frames, frames.time_steps
-        other.example_shape = (frames.time_steps, NUM_CHANNELS)
+        other.spec = frames
+        other._set_steps()
         return other
 
     def spikes(self, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,14 +170,30 @@ class HeidelbergSource(Source):
         except ValueError as err:
             raise ValueError(f"{self.path}: sample {index}: {err}") from err
 
+    def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
+        frames = self.frames(index)
+        if key is not None and self.augment is not None:
+            frames = self.augment(frames, np.random.default_rng(key))
+        return frames
+
+    def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
+        return np.stack(self.workers.map(lambda r: self._example(*r), rows)), self._labels[indices]
+
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.stack([self.frames(int(i)) for i in indices]), self._labels[indices]
+        check_keyless_read(self.augment, self.path.name)
+        return self._read_all(indices, None)
+
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_all(indices, keys)
 
 
 def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-                      split_by: str | None = None, duration: int | None = None,
-                      cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
-    """SHD (``name="shd"``) or SSC (``"ssc"``) frames ``[n, T, 700]``; ``duration`` in milliseconds."""
+                      split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
+                      num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
+                      cache: bool = True) -> HeidelbergSource:
+    """SHD (``name="shd"``) or SSC (``"ssc"``) frames ``[n, T, 700]``; ``duration`` in milliseconds;
+    ``temporal_delete`` (training split): examples keep that many of the ``T`` frames."""
     num_classes, splits = HEIDELBERG[name]
     files = ", ".join(f"{name}_{s}.h5.zip" for s in splits)
     if split not in splits:
@@ -171,20 +204,27 @@ def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | No
     if not path.is_file():
         raise FileNotFoundError(f"{name}: {path} not found. {_HINT.format(files=files)}")
     spec = FrameSpec(time_steps=time_steps, split_by=split_by or "number", duration=duration)
-    return HeidelbergSource(path, num_classes, spec, cache_dir=cache_dir, cache=cache)
+    augment = EventAugment(temporal_delete=temporal_delete or 0)
+    augment.time_steps(time_steps)
+    return HeidelbergSource(path, num_classes, spec, cache_dir=cache_dir, cache=cache,
+                            augment=augment if split == "train" else None, num_workers=num_workers)
 
 
 def shd_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-               split_by: str | None = None, duration: int | None = None,
-               cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
+               split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
+               num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
+               cache: bool = True) -> HeidelbergSource:
     """SHD (20 classes; splits ``train``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("shd", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
-                             duration=duration, cache_dir=cache_dir, cache=cache)
+                             duration=duration, temporal_delete=temporal_delete, num_workers=num_workers,
+                             cache_dir=cache_dir, cache=cache)
 
 
 def ssc_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
-               split_by: str | None = None, duration: int | None = None,
-               cache_dir: str | os.PathLike | None = None, cache: bool = True) -> HeidelbergSource:
+               split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
+               num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
+               cache: bool = True) -> HeidelbergSource:
     """SSC (35 classes; splits ``train``, ``valid``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("ssc", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
-                             duration=duration, cache_dir=cache_dir, cache=cache)
+                             duration=duration, temporal_delete=temporal_delete, num_workers=num_workers,
+                             cache_dir=cache_dir, cache=cache)

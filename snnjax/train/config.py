@@ -173,6 +173,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for key in ("global_batch_size", "grad_accum_steps", "data.time_steps", "log_every_steps",
                 "checkpoint_every_steps", "keep_checkpoints", "learning_rate"):
         _positive(key, c[key] if "." not in key else c.data[key.split(".")[1]])
+    _check_temporal_delete(c)
     for key in ("weight_decay", "tet_lambda", "grad_clip_norm", "warmup_steps"):
         _positive(key, c[key], zero_ok=True)
     if c.num_steps <= 0 and c.num_epochs <= 0:
@@ -180,6 +181,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.global_batch_size % c.grad_accum_steps:
         raise ValueError(f"config.global_batch_size={c.global_batch_size} must divide by "
                          f"config.grad_accum_steps={c.grad_accum_steps}")
+
+
+def temporal_delete(c: ml_collections.ConfigDict) -> int:
+    """``data.options.temporal_delete`` where the dataset takes it and it is set (> 0), else 0."""
+    if "temporal_delete" not in dataset(c.data.name).options:
+        return 0
+    return c.data.options.get("temporal_delete") or 0
+
+
+def _check_temporal_delete(c: ml_collections.ConfigDict) -> None:
+    """The training frames kept by a temporal delete are no more than the ``data.time_steps`` built."""
+    keep = c.data.options.get("temporal_delete")
+    if keep is not None and keep < 0:
+        raise ValueError(f"config.data.options.temporal_delete must be >= 0 (0: off), got {keep}")
+    if temporal_delete(c) > c.data.time_steps:
+        raise ValueError(f"config.data.options.temporal_delete={keep} keeps more frames than the "
+                         f"config.data.time_steps={c.data.time_steps} built per example; set temporal_delete to at "
+                         f"most {c.data.time_steps} (Python: temporal_delete= / time_steps= of get_source)")
 
 
 def _check_time_axis(c: ml_collections.ConfigDict) -> None:
@@ -196,6 +215,11 @@ def _check_time_axis(c: ml_collections.ConfigDict) -> None:
     if c.data.time_steps % time:
         raise ValueError(f"config.data.time_steps={c.data.time_steps} does not divide over the mesh axis time={time} "
                          f"(config.parallel.mesh={c.parallel.mesh!r}); use a multiple of {time}")
+    keep = temporal_delete(c)
+    if keep and keep % time:
+        raise ValueError(f"config.data.options.temporal_delete={keep}: the training steps' {keep} time steps do not "
+                         f"divide over the mesh axis time={time} (config.parallel.mesh={c.parallel.mesh!r}); use a "
+                         f"multiple of {time}")
 
 
 def remat_settings(c: ml_collections.ConfigDict) -> remat.MemorySettings:
@@ -254,4 +278,8 @@ def source_kwargs(c: ml_collections.ConfigDict) -> tuple[dict[str, Any], list[st
                      + ", ".join(f"data.options.{k}={options.pop(k)!r}" for k in ignored))
     if entry.events and c.data.encoder != base_config().data.encoder:
         notes.append(f"{name} gives event frames, which need no encoder; ignoring data.encoder={c.data.encoder!r}")
+    if options.get("temporal_delete"):
+        notes.append(f"data.options.temporal_delete={options['temporal_delete']}: examples are built with "
+                     f"data.time_steps={c.data.time_steps} frames; training steps see {options['temporal_delete']} "
+                     f"of them (a sorted random subset per example), evaluation all {c.data.time_steps}")
     return {"data_dir": data_dir, "time_steps": c.data.time_steps, **options}, notes

@@ -262,7 +262,7 @@ def inputs_note(loader, data_name: str, done: int) -> str:
     """Whether this process's part of the batch of step ``done`` (1-based) held NaN/inf inputs, and which."""
     epoch, step = divmod(done - 1, loader.steps_per_epoch)
     indices, _ = loader.step_indices(epoch, step)
-    inputs, _ = loader.source.read(indices)
+    inputs, _ = loader.source.read(indices, loader.example_keys(epoch, step))  # as the step read them
     bad = np.unique(indices[~np.isfinite(inputs.reshape(len(indices), -1)).all(axis=1)])
     if not bad.size:
         return ("Its batch inputs are finite, so the model diverged: lower config.learning_rate or set "
