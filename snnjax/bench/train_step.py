@@ -1,7 +1,7 @@
 """Whole-training-step benchmark: snnjax's jitted train step against SpikingJelly's, same model and shapes.
 
     python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer,sew_resnet18,
-        spiking_resnet18,dvsgesture_plif} --batch-size N --T T
+        spiking_resnet18,dvsgesture_plif,ms_resnet18} --batch-size N --T T
         [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
 
@@ -13,7 +13,8 @@ the time-mean logits:
 - ``sdt``, ``qkformer``: SpikingJelly's ``sdt_8_384`` and ``qkformer_10_384``, 10 classes, a static
   ``32 x 32 x 3`` image repeated T times.
 - ``sew_resnet18`` (cnf ADD, PLIF) on event frames ``[T, N, 64, 64, 2]``, ``spiking_resnet18`` (IF) on a static
-  ``32 x 32 x 3`` image, ``dvsgesture_plif`` (DVSGestureNet, PLIF) on event frames ``[T, N, 128, 128, 2]``.
+  ``32 x 32 x 3`` image, ``dvsgesture_plif`` (DVSGestureNet, PLIF) on event frames ``[T, N, 128, 128, 2]``,
+  ``ms_resnet18`` (SpikingJelly's defaults: LIF tau 4/3, Rect surrogate) on a static ``32 x 32 x 3`` image.
 
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps

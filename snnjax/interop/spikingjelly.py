@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from snnjax.interop import rules
-from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models import CIFAR10DVSVGG, MSResNet, Spikformer
 from snnjax.models.plif_net import ParametricLIFNet
 from snnjax.models.resnet import ResNet
 
@@ -126,11 +126,14 @@ def key_rule(model: nnx.Module) -> Callable[[str], tuple[Path, Convert] | None]:
         return lambda key: _spikformer_rule(model, key)
     if isinstance(model, ResNet):  # SpikingJelly's SpikingResNet / SEWResNet
         return lambda key: rules.lookup(rules.RESNET, key)
+    if isinstance(model, MSResNet):  # MSResNet, MaxResNet
+        return lambda key: rules.lookup(rules.MS_RESNET, key)
     if isinstance(model, ParametricLIFNet):  # DVSGestureNet, CIFAR10DVSNet, NMNISTNet
         table = rules.parametric_lif_net(len(model.features))
         return lambda key: rules.lookup(table, key, model.feature_shape)
     raise TypeError(f"no SpikingJelly mapping for {type(model).__name__}; supported: CIFAR10DVSVGG, Spikformer, "
-                    "ResNet (SpikingResNet, SEWResNet), ParametricLIFNet (DVSGestureNet, CIFAR10DVSNet, NMNISTNet)")
+                    "ResNet (SpikingResNet, SEWResNet), MSResNet (MSResNet, MaxResNet), ParametricLIFNet "
+                    "(DVSGestureNet, CIFAR10DVSNet, NMNISTNet)")
 
 
 def convert_state_dict(model: nnx.Module, state_dict: Mapping[str, np.ndarray]) -> dict[Path, np.ndarray]:
