@@ -14,6 +14,7 @@ SURROGATES = st.one_of(
     st.builds(sg.ATan, alpha=st.floats(0.5, 8.0)),
     st.builds(sg.PiecewiseQuadratic, alpha=st.floats(0.25, 4.0)),
     st.builds(sg.SoftSign, alpha=st.floats(0.5, 8.0)),
+    st.builds(sg.Rect, alpha=st.floats(0.25, 4.0)),
 )
 
 # Every neuron variant: IF / LIF / PLIF, tau, decay_input, threshold, soft / zero / other

@@ -62,7 +62,21 @@ def _multistep(impl: str, options: P.KernelOptions | None = None):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_spikingjelly(impl, neuron_case, x64):
-    case, a = neuron_case
+    _assert_reproduces(impl, *neuron_case)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rect_matches_spikingjelly(impl, reference_dir, x64):
+    """SpikingJelly's Rect surrogate (``neurons_rect.*``): MS-ResNet's LIF and variations, with inputs on the
+    window's edges, where the surrogate gradient is 0 (``|x| < 0.5 / alpha`` is strict)."""
+    cases, arrays = check.load(reference_dir / "neurons_rect.npz")
+    assert len(cases) == 6 and all(c["surrogate"].startswith("rect") for c in cases)
+    for i, case in enumerate(cases):
+        _assert_reproduces(impl, case, check.case_arrays(arrays, f"case{i:03d}/"))
+
+
+def _assert_reproduces(impl: str, case: dict, a: dict) -> None:
+    """One SpikingJelly neuron case through ``impl``: spikes, ``v_seq``, ``grad_x`` (and PLIF's ``grad_w``)."""
     cfg = check.neuron_config(case)
     w = jnp.asarray(check.plif_w(case, a)) if cfg.kind == "PLIF" else None
     x = jnp.asarray(a["x"])
@@ -124,6 +138,8 @@ CONFIGS = {
                                              surrogate=sg.SoftSign()),
     "LIF-hard-nodi-vr": F.NeuronConfig(kind="LIF", tau=3.0, decay_input=False, v_reset=-0.3),
     "PLIF-hard-sigmoid": F.NeuronConfig(kind="PLIF", v_threshold=1.2),
+    "LIF-hard-nodi-rect": F.NeuronConfig(kind="LIF", tau=4 / 3, decay_input=False, v_threshold=0.5,  # MS-ResNet's
+                                         detach_reset=True, surrogate=sg.Rect(alpha=2.0)),
 }
 # A problem that crosses each kernel's work units, the last one partial, and how the kernel runs it.
 SPLIT = {

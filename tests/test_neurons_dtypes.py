@@ -102,6 +102,7 @@ def test_single_step_module_dtypes():
 SURROGATES = [
     sg.Sigmoid(), sg.Sigmoid(alpha=1.5), sg.ATan(), sg.ATan(alpha=0.7),
     sg.PiecewiseQuadratic(), sg.PiecewiseQuadratic(alpha=2.5), sg.SoftSign(), sg.SoftSign(alpha=0.8),
+    sg.Rect(), sg.Rect(alpha=2.0),
 ]
 
 
@@ -110,6 +111,8 @@ def _kinks(s) -> list[float]:
         return [0.0, 1.0 / s.alpha, -1.0 / s.alpha]
     if isinstance(s, sg.SoftSign):
         return [0.0]
+    if isinstance(s, sg.Rect):
+        return [0.5 / s.alpha, -0.5 / s.alpha]
     return []
 
 
@@ -153,4 +156,5 @@ def test_surrogate_by_name():
     assert sg.get("atan", 3.0) == sg.ATan(alpha=3.0)
     assert isinstance(sg.get("piecewise_quadratic"), sg.PiecewiseQuadratic)
     assert isinstance(sg.get("soft_sign"), sg.SoftSign)
+    assert sg.get("rect", 2.0) == sg.Rect(alpha=2.0) and sg.name_of(sg.Rect()) == "rect"
     hash(sg.get("soft_sign"))  # usable as a jit-static argument

@@ -144,7 +144,8 @@ SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)
                              "--config.model.hidden_features=8"],
           "sdt": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
           "qkformer": ["--config.model.embed_dims=16", "--config.model.num_heads=(2,2,2)",
-                       "--config.model.depths=(1,1,1)"]}
+                       "--config.model.depths=(1,1,1)"],
+          "ms_resnet18": ["--config.model.base_channels=4", "--config.model.stage_blocks=(1,1,1)"]}
 _TRANSFORMER_16x16 = {"in_channels": 2, "num_classes": 10, "T": 2}
 SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "cifar10dvs_vgg": {"in_channels": 2, "image_size": 16, "num_classes": 10},
@@ -152,7 +153,7 @@ SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "spiking_resnet18": {"in_channels": 2, "num_classes": 10}, "sew_resnet18": {"in_channels": 2,
                                                                                           "num_classes": 10},
                "dvsgesture_net": {"in_channels": 2, "image_size": 16, "num_classes": 10},
-               "sdt": _TRANSFORMER_16x16, "qkformer": _TRANSFORMER_16x16}
+               "sdt": _TRANSFORMER_16x16, "qkformer": _TRANSFORMER_16x16, "ms_resnet18": _TRANSFORMER_16x16}
 
 
 def num_params(model_name: str, model_options: dict) -> int:

@@ -1,6 +1,6 @@
-"""The model zoo (Spiking ResNet, SEW-ResNet, SpikingJelly's parametric-LIF nets): architectures, layers, losses,
-weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``) with the xla and native
-neuron implementations."""
+"""The model zoo (Spiking ResNet, SEW-ResNet, SpikingJelly's parametric-LIF nets, MS-ResNet): architectures, layers,
+losses, weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``, ``ms_resnet.npz``)
+with the xla and native neuron implementations."""
 from __future__ import annotations
 
 import pathlib
@@ -12,13 +12,16 @@ import pytest
 from flax import nnx
 
 from snnjax import layers
+from snnjax import neurons as F
 from snnjax.interop import check
 from snnjax.interop.spikingjelly import import_state_dict
-from snnjax.models import ParametricLIFNet, ResNet, dvsgesture_net, nmnist_net
+from snnjax.models import MSResNet, ParametricLIFNet, ResNet, dvsgesture_net, max_resnet18, ms_resnet18, nmnist_net
 from snnjax.models.registry import DataShape, create_model, model_config, sizes_from_data
+from snnjax.neurons import surrogate as sg
 from snnjax.train.step import classification_loss
 
 ZOO = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "zoo.npz"
+MS_RESNET = ZOO.with_name("ms_resnet.npz")
 
 
 def n_params(model):
@@ -33,6 +36,44 @@ def test_resnets_have_torchvisions_sizes(depth, cnf, params):
     assert model.fc.kernel.shape == (512 * (4 if depth == 50 else 1), 1000)
     assert [len(s) for s in model.stages()] == ([2, 2, 2, 2] if depth == 18 else [3, 4, 6, 3])
     assert hasattr(model.layer2[0], "downsample_sn") == (cnf is not None)
+
+
+@pytest.mark.parametrize("name,params", [("ms_resnet18", 11_693_736), ("ms_resnet34", 21_801_896),
+                                         ("max_resnet18", 12_502_090)])
+def test_ms_resnets_have_spikingjellys_sizes(name, params):
+    """Parameter counts of SpikingJelly 2.0.0's ``ms_resnet18`` / ``ms_resnet34`` (1000 classes) and ``max_resnet18``
+    (10 classes); a ResNet-18's plus layer1.0's shortcut (the first stage strides)."""
+    sizes = {"in_channels": 3, "num_classes": 10 if name == "max_resnet18" else 1000, "T": 4}
+    model = nnx.eval_shape(lambda: create_model(name, sizes, rngs=nnx.Rngs(0)))
+    assert n_params(model) == params
+    assert model.layer1[0].has_downsample and (name == "max_resnet18") == (model.layer2[0].pool_stride > 0)
+
+
+def test_ms_resnet_neurons_resolve_as_spikingjelly():
+    """No neuron kind: MS-ResNet's LIF (keywords over it); a kind: its own defaults, MS-ResNet's dropped."""
+    def neuron(fn=ms_resnet18, **kw):
+        return nnx.eval_shape(lambda: fn(stage_blocks=(1, 1, 1), base_channels=4, **kw, rngs=nnx.Rngs(0))
+                              ).layer2[0].spike2.config
+
+    assert neuron() == F.NeuronConfig(kind="LIF", tau=4 / 3, decay_input=False, v_threshold=0.5, detach_reset=True,
+                                      surrogate=sg.Rect(alpha=2.0))
+    assert neuron(v_threshold=1.0, v_reset=None) == F.NeuronConfig(
+        kind="LIF", tau=4 / 3, decay_input=False, v_threshold=1.0, v_reset=None, detach_reset=True,
+        surrogate=sg.Rect(alpha=2.0))
+    plif = neuron(spiking_neuron="PLIF", detach_reset=True)
+    assert plif == F.NeuronConfig(kind="PLIF", detach_reset=True)  # PLIF's own defaults (init_tau 2, sigmoid)
+    assert neuron(max_resnet18) == F.NeuronConfig(kind="LIF", tau=2.0, detach_reset=True)
+    c = model_config("ms_resnet18")
+    assert c.spiking_neuron is None and c.tau is None and c.stage_blocks == (2, 2, 2, 2)
+    c.spiking_neuron, c.surrogate_function = "IF", "rect"  # typed placeholders: settable from the command line
+    options = {k: v for k, v in c.items() if k != "name" and v is not None}  # as the trainer passes them
+    model = create_model("ms_resnet18", {**options, "in_channels": 2, "num_classes": 3, "T": 2,
+                                         "stage_blocks": (1, 1, 1), "base_channels": 4}, rngs=nnx.Rngs(0))
+    assert model.head_lif.config == F.NeuronConfig(kind="IF", surrogate=sg.Rect())
+    with pytest.raises(ValueError, match="model.stage_blocks"):
+        MSResNet(stage_blocks=(1, 1), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="model.stage_channels"):
+        MSResNet(stage_blocks=(1, 1, 1), stage_channels=(4, 8), rngs=nnx.Rngs(0))
 
 
 def test_plif_net_presets_are_spikingjellys():
@@ -122,15 +163,45 @@ def test_plif_net_import_permutes_the_flatten():
     np.testing.assert_allclose(model.fc1.kernel[...][(1 * 2 + 0) * 8 + 5], w[:, 5, 1, 0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl,names", [("xla", ("spiking_resnet18", "dvsgesture_net")),
-                                        ("native", ("sew_resnet18_add", "sew_resnet50_iand"))])
+def test_ms_resnet_import_covers_every_variable_and_names_the_problem():
+    with np.load(MS_RESNET) as arrays:
+        sd = check.case_arrays(arrays, "ms_resnet_plif/init/")
+    kw = dict(stage_blocks=(1, 1, 1), base_channels=8, stem_kernel_size=3, stem_stride=1, stem_pool=True,
+              in_channels=3, num_classes=10, spiking_neuron="PLIF")
+
+    def model(**overrides):
+        return nnx.eval_shape(lambda: MSResNet(**{**kw, **overrides}, rngs=nnx.Rngs(0)))
+
+    m = model()
+    import_state_dict(m, sd, dtype=jnp.float32)
+    np.testing.assert_allclose(m.layer2[0].downsample_conv.kernel[...],
+                               sd["layer2.0.downsample.0.weight"].transpose(2, 3, 1, 0), rtol=1e-6)
+    np.testing.assert_allclose(m.stem_bn.var[...], sd["stem.1.running_var"], rtol=1e-6)
+    np.testing.assert_allclose(m.head_lif.w[...], sd["head_lif.w"], rtol=1e-6)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        import_state_dict(model(base_channels=4), sd, dtype=jnp.float32)
+    with pytest.raises(KeyError, match="does not provide"):  # a second block per stage is not in the weights
+        import_state_dict(model(stage_blocks=(2, 1, 1)), sd, dtype=jnp.float32)
+    with pytest.raises(KeyError, match="does not exist in the model"):  # PLIF weights into LIF neurons
+        import_state_dict(model(spiking_neuron=None), sd, dtype=jnp.float32)
+    with pytest.raises(KeyError, match="no counterpart"):
+        import_state_dict(m, {**sd, "layer1.0.sn1.w": np.zeros(())}, dtype=jnp.float32)
+
+
+@pytest.mark.parametrize("impl,names", [("xla", ("spiking_resnet18", "dvsgesture_net", "ms_resnet")),
+                                        ("native", ("sew_resnet18_add", "sew_resnet50_iand", "ms_resnet_plif"))])
 def test_zoo_matches_spikingjelly(impl, names, x64):
     """Every family: eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics. Each
-    case runs with one implementation here (the suite's time); ``python -m snnjax.interop check`` runs all with
-    either."""
+    case runs with one implementation here (the suite's time), Max-ResNet's (``max_resnet``: the MS-ResNet blocks
+    with pooling transitions) with none; ``python -m snnjax.interop check`` runs all with either."""
     cases, arrays = check.load(ZOO)
     assert set(cases) == {"spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net"}
-    results = dict(check.iter_cases({name: cases[name] for name in names}, arrays, impl))
+    ms_cases, ms_arrays = check.load(MS_RESNET)
+    assert set(ms_cases) == {"ms_resnet", "ms_resnet_plif", "max_resnet"}
+    assert all(c["min_neuron_rate_train"] > 0 for c in ms_cases.values())  # every neuron layer fires, the head's too
+    results = dict(check.iter_cases({name: cases[name] for name in names if name in cases}, arrays, impl))
+    results.update(check.iter_cases({name: ms_cases[name] for name in names if name in ms_cases}, ms_arrays, impl))
+    assert set(results) == set(names)
     for name, r in results.items():
         assert r["ok"], (name, r)
         assert r["grads_missing"] == 0 and r["grads_checked"] > 20

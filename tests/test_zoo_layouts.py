@@ -1,10 +1,10 @@
 """The model zoo under every kind of layout trains exactly like one device (float64, 8 host devices).
 
 One small model per family (SEW-ResNet with PLIF neurons, a parametric-LIF voting net with
-shared-over-time dropout and the MSE rate loss), each trained three Adam steps under dp, fsdp_tp, a
-1F1B pipeline over stage=2 with data x tensor inside (against one device with the same microbatching),
-and time x data x tensor (Spiking ResNet with IF neurons: the last only): the first step's loss and
-gradients and the
+shared-over-time dropout and the MSE rate loss, MS-ResNet with its LIF and Rect surrogate), each trained
+three Adam steps under dp, fsdp_tp, a 1F1B pipeline over stage=2 with data x tensor inside (against one
+device with the same microbatching), and time x data x tensor (Spiking ResNet with IF neurons: the last
+only): the first step's loss and gradients and the
 parameters, optimizer state and BatchNorm statistics after three steps equal one device's
 (relative error <= 1e-9, compared as in ``test_parallel_equivalence``).
 """
@@ -20,7 +20,7 @@ from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
-from snnjax.models import ParametricLIFNet, ResNet, remat
+from snnjax.models import MSResNet, ParametricLIFNet, ResNet, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
@@ -41,6 +41,13 @@ def build(family: str):
     if family == "plif_net":
         return ParametricLIFNet(stages=2, channels=4, hidden_features=8, image_size=16, num_classes=10,
                                 voting_size=2, dropout=0.25, **kw)
+    if family == "ms_resnet":  # 3 stages of 4, 8, 16 channels: stem, 3 blocks, head
+        model = MSResNet(T=2, stage_blocks=(1, 1, 1), base_channels=4, stem_kernel_size=3, stem_stride=1,
+                         in_channels=2, num_classes=10, **kw)
+        for stage in model.stages():  # not zero-initialised: the first step's gradients reach every block's convs
+            for blk in stage:
+                blk.bn2.scale[...] = jnp.full_like(blk.bn2.scale[...], 0.5)
+        return model
     cnf, neuron = ("ADD", "PLIF") if family == "sew_resnet" else (None, "IF")
     return ResNet(depth=18, cnf=cnf, widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
                   num_classes=10, neuron=neuron, **kw)
@@ -80,7 +87,8 @@ def _run(family: str, layout: str | None, accum: int = 1):
 # pp and the time split each with data x tensor inside (the combination), besides dp and fsdp_tp.
 LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2,data=2,tensor=2:pp", "time=2,data=2,tensor=2"]
 # Spiking ResNet is the same class as SEW-ResNet (another cnf and neuron): it runs under the time combination only.
-CASES = [(f, layout) for f in ("sew_resnet", "plif_net") for layout in LAYOUTS] + [("spiking_resnet", LAYOUTS[-1])]
+CASES = [(f, layout) for f in ("sew_resnet", "plif_net", "ms_resnet") for layout in LAYOUTS] + [
+    ("spiking_resnet", LAYOUTS[-1])]
 
 
 @pytest.mark.parametrize("family,layout", CASES)
@@ -112,3 +120,20 @@ def test_units_checkpointing_keeps_the_gradients():
         got = nnx.jit(nnx.grad(loss))(model)
         for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-12, atol=1e-14)
+
+
+def test_ms_resnet_checkpointing_keeps_the_gradients():
+    """MS-ResNet keeping only the spikes its convs read (``remat=spikes``, as bits) gives the same gradients, in
+    train mode (batch statistics: every neuron layer fires, so the gradients are not zero)."""
+    x = (jax.random.uniform(jax.random.key(1), SHAPE) < 0.4).astype(jnp.float64) * 1.5
+    model = build("ms_resnet")
+
+    def loss(m):
+        return jnp.sum(m(x).mean(0) ** 2)
+
+    ref = nnx.jit(nnx.grad(loss))(model)
+    assert min(float(jnp.abs(g).sum()) for g in jax.tree.leaves(ref)) > 0
+    remat.configure(model, remat="spikes", spike_residuals="bits")
+    got = nnx.jit(nnx.grad(loss))(model)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-12, atol=1e-14)

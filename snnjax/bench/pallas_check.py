@@ -32,7 +32,7 @@ from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import differences, run_vjp
 
-SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0)]
+SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0), sg.Rect(alpha=2.0)]
 SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size
 MAX_SPIKE_MISMATCH = 1e-4
 GRAD_TOL = {"float32": 1e-4, "bfloat16": 2e-2}

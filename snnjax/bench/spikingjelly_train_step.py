@@ -14,9 +14,11 @@ its ``VGGBlock``s with the divided widths; ``spikformer_ti``: ``model.spikformer
 ``model.spike_driven_transformer.SpikeDrivenTransformer`` / ``model.qkformer.QKFormer`` likewise (they
 return the time-mean logits); ``sew_resnet18``, ``spiking_resnet18``: ``model.sew_resnet`` /
 ``model.spiking_resnet`` with the stem and head resized; ``dvsgesture_plif``:
-``model.parametric_lif_net.DVSGestureNet``. Inputs are ``workload.make_batch``'s, transposed to SpikingJelly's
-layout. One step: ``reset_net``, forward, cross-entropy of the time-mean logits, ``zero_grad``, backward,
-``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with ``torch.cuda.synchronize``.
+``model.parametric_lif_net.DVSGestureNet``; ``ms_resnet18``: ``model.ms_resnet.MSResNet`` (``ms_resnet18``'s
+architecture, ``base_channels`` as given) on ``[N, 3, P, P]`` images it repeats T times. Inputs are
+``workload.make_batch``'s, transposed to SpikingJelly's layout. One step: ``reset_net``, forward, cross-entropy
+of the time-mean logits, ``zero_grad``, backward, ``torch.optim.Adam`` (lr 1e-3); on CUDA it ends with
+``torch.cuda.synchronize``.
 """
 from __future__ import annotations
 
@@ -132,6 +134,10 @@ def build(model: str, arch: dict):
                             embed_dims=arch["embed_dims"], num_heads=arch["num_heads"], depths=arch["depths"],
                             mlp_ratio=arch["mlp_ratio"])
         return net, lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))
+    if model == "ms_resnet18":  # SpikingJelly's MSResNet takes [N, C, H, W] and repeats it T times
+        from spikingjelly.activation_based.model.ms_resnet import MSResNet
+
+        return MSResNet(**arch), lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))
     if model in ("sdt", "qkformer"):  # SpikingJelly's own classes; they take [N, C, H, W] and repeat it T times
         from spikingjelly.activation_based.model.qkformer import QKFormer
         from spikingjelly.activation_based.model.spike_driven_transformer import SpikeDrivenTransformer

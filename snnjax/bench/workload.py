@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp", "sdt", "qkformer", "sew_resnet18", "spiking_resnet18",
-          "dvsgesture_plif")
-STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer", "spiking_resnet18")  # a static 32 x 32 x 3 image repeated T times
+          "dvsgesture_plif", "ms_resnet18")
+# a static 32 x 32 x 3 image repeated T times
+STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer", "spiking_resnet18", "ms_resnet18")
 EVENT_MODELS = ("cifar10dvs_vgg", "sew_resnet18", "dvsgesture_plif")  # inputs are event counts
 VGG_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)  # SpikingJelly's CIFAR10DVSVGG
 VGG_POOLS = (False, False, True, False, True, False, True, False)  # an AvgPool2d(2) before these blocks
@@ -30,7 +31,8 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
     ``sdt_8_384`` and ``qkformer_10_384`` on 32 x 32 x 3 images; SEW-ResNet-18 (cnf ADD,
     PLIF neurons) on 64 x 64 CIFAR10-DVS-like event frames; Spiking ResNet-18 (IF neurons) on 32 x 32 x 3
     images; DVSGestureNet (128 channels, PLIF neurons, 11 classes) on 128 x 128 event frames. The
-    neurons of the three CNN zoo models use the ATan surrogate and ``detach_reset``.
+    neurons of these three CNN zoo models use the ATan surrogate and ``detach_reset``. SpikingJelly's
+    ``ms_resnet18`` (its own neurons: LIF, Rect surrogate) on 32 x 32 x 3 images, ``base_channels`` divided.
     """
     if width_div < 1:
         raise ValueError(f"width_div must be at least 1, got {width_div}")
@@ -60,6 +62,8 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
         return {"depth": 18, "cnf": "ADD" if sew else None, "widths": tuple(max(w // width_div, 1) for w in
                                                                           (64, 128, 256, 512)),
                 "in_channels": 2 if sew else 3, "num_classes": 10, "neuron": "PLIF" if sew else "IF"}
+    if model == "ms_resnet18":
+        return {"T": t, "base_channels": max(64 // width_div, 1), "in_channels": 3, "num_classes": 10}
     if model == "dvsgesture_plif":
         return {"stages": 5, "channels": max(128 // width_div, 1), "hidden_features": max(512 // width_div, 1),
                 "in_channels": 2, "image_size": image_size or 128, "num_classes": 11, "neuron": "PLIF"}

@@ -23,7 +23,16 @@ import optax
 from flax import nnx
 
 from snnjax.interop import spikingjelly
-from snnjax.models import CIFAR10DVSVGG, ParametricLIFNet, QKFormer, ResNet, SpikeDrivenTransformer, Spikformer
+from snnjax.models import (
+    CIFAR10DVSVGG,
+    MaxResNet,
+    MSResNet,
+    ParametricLIFNet,
+    QKFormer,
+    ResNet,
+    SpikeDrivenTransformer,
+    Spikformer,
+)
 from snnjax.models.vgg import DEFAULT_POOLS
 from snnjax.neurons import base as B
 from snnjax.neurons import dispatch
@@ -127,11 +136,13 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
                            embed_dims=meta["embed_dims"], num_heads=meta["num_heads"],
                            mlp_ratio=meta.get("mlp_ratio", 4.0), depths=meta["depths"], rngs=rngs)
         return model, jnp.asarray(x.transpose(0, 2, 3, 1))
-    if meta["model"] in _TRANSFORMERS:  # x: [N, C, H, W] static image, or [T, N, C, H, W] frames
+    if meta["model"] in _BY_OPTIONS:  # x: [N, C, H, W] static image, or [T, N, C, H, W] frames
         x = arrays["x"]
         options = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["options"].items()}
-        model = _TRANSFORMERS[meta["model"]](T=meta["T"], in_channels=x.shape[-3], num_classes=num_classes,
-                                             **options, rngs=rngs)
+        if "surrogate_function" in options:
+            options["surrogate_function"] = parse_surrogate(options["surrogate_function"])
+        model = _BY_OPTIONS[meta["model"]](T=meta["T"], in_channels=x.shape[-3], num_classes=num_classes,
+                                           **options, rngs=rngs)
         return model, jnp.asarray(x.transpose((0, 2, 3, 1) if x.ndim == 4 else (0, 1, 3, 4, 2)))
     if meta["model"] in ("ResNet", "ParametricLIFNet"):
         x = arrays["x"]  # [T, N, C, H, W]
@@ -155,10 +166,12 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
                                      num_classes=num_classes, rngs=rngs, **neuron)
         return model, jnp.asarray(x.transpose(0, 1, 3, 4, 2))
     raise ValueError(f"unknown model {meta['model']!r} in reference file (known: CIFAR10DVSVGG, Spikformer, "
-                     f"ResNet, ParametricLIFNet, {', '.join(_TRANSFORMERS)})")
+                     f"ResNet, ParametricLIFNet, {', '.join(_BY_OPTIONS)})")
 
 
-_TRANSFORMERS = {"SpikeDrivenTransformer": SpikeDrivenTransformer, "QKFormer": QKFormer}
+# Models a case builds from its json's snnjax constructor ``options`` (a surrogate by name, e.g. ``rect2``).
+_BY_OPTIONS = {"SpikeDrivenTransformer": SpikeDrivenTransformer, "QKFormer": QKFormer, "MSResNet": MSResNet,
+               "MaxResNet": MaxResNet}
 
 
 def _logits_error(logits: jax.Array, reference: np.ndarray) -> float:

@@ -37,7 +37,15 @@ from flax import nnx
 
 from snnjax.interop import layers
 from snnjax.interop.layers import LayerRule, Locate, Path
-from snnjax.models import CIFAR10DVSVGG, ParametricLIFNet, QKFormer, ResNet, SpikeDrivenTransformer, Spikformer
+from snnjax.models import (
+    CIFAR10DVSVGG,
+    MSResNet,
+    ParametricLIFNet,
+    QKFormer,
+    ResNet,
+    SpikeDrivenTransformer,
+    Spikformer,
+)
 
 # Kind -> its LayerRule, a function of the model (flat_linear's permutes by ``model.feature_shape``, (H, W, C)).
 KINDS: dict[str, Callable[[nnx.Module], LayerRule]] = {
@@ -123,6 +131,19 @@ RESNET = [
 ]
 
 
+MS_RESNET = [  # MSResNet and MaxResNet (SpikingJelly's ms_resnet)
+    Rule(r"stem\.0", "stem_conv", "conv"),
+    Rule(r"stem\.1", "stem_bn", "bn"),
+    Rule(r"(layer[1-4])\.(\d+)\.(conv[12])", "{1}.{2}.{3}", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.(bn[12])", "{1}.{2}.{3}", "bn"),
+    Rule(r"(layer[1-4])\.(\d+)\.(spike[12])", "{1}.{2}.{3}", "neuron"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.0", "{1}.{2}.downsample_conv", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.1", "{1}.{2}.downsample_bn", "bn"),
+    Rule(r"head_lif", "head_lif", "neuron"),
+    Rule(r"head", "head", "linear"),
+]
+
+
 def parametric_lif_net(stages: int) -> list[Rule]:
     """The table of a parametric-LIF net with ``stages`` conv stages: torch's ``conv_fc`` Sequential holds
     ``Conv, BN, neuron, MaxPool`` per stage, then ``Flatten, Dropout, Linear, neuron, Dropout, Linear, neuron,
@@ -183,6 +204,7 @@ TABLES: dict[type, Callable[[nnx.Module], Sequence[Rule]]] = {
     CIFAR10DVSVGG: lambda m: vgg([block.pool for block in m.features]),
     Spikformer: lambda m: SPIKFORMER,
     ResNet: lambda m: RESNET,
+    MSResNet: lambda m: MS_RESNET,  # MSResNet and MaxResNet
     ParametricLIFNet: lambda m: parametric_lif_net(len(m.features)),
     SpikeDrivenTransformer: lambda m: SDT,
     QKFormer: lambda m: QKFORMER,

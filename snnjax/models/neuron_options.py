@@ -11,10 +11,17 @@ SpikingJelly ``spiking_neuron=None`` without ``detach_reset`` / ``v_threshold`` 
 ``NeuronOptions()`` (the defaults). A given neuron class uses the same keywords at every site:
 ``NeuronOptions(kind, ..., attn_detach_reset=detach_reset, attn_v_threshold=v_threshold)``
 (``NeuronOptions.uniform``).
+
+Models whose every site shares one set of defaults (MS-ResNet's LIF with ``tau=4/3``,
+``v_threshold=0.5``, ...) take the keywords as optional (None: not given) and resolve them with
+``NeuronOptions.resolve``, SpikingJelly's ``_make_multi_step_neuron``: the model's defaults apply
+only without a neuron kind.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode
 from snnjax.neurons import surrogate as sg
@@ -53,6 +60,20 @@ class NeuronOptions:
         """Every site the same neuron (SpikingJelly with an explicit ``spiking_neuron`` class)."""
         base = cls(kind=kind, **kwargs)
         return dataclasses.replace(base, attn_detach_reset=base.detach_reset, attn_v_threshold=base.v_threshold)
+
+    @classmethod
+    def resolve(cls, spiking_neuron: str | None, model_defaults: Mapping[str, Any], *, v_reset: float | None,
+                **keywords: Any) -> NeuronOptions:
+        """Every site the same neuron, chosen as SpikingJelly's ``_make_multi_step_neuron`` chooses it.
+
+        ``spiking_neuron=None``: LIF with ``model_defaults`` (``NeuronOptions`` field names), the given
+        ``keywords`` over them. A kind (``LIF``, ``IF``, ``PLIF``): the given ``keywords`` over that neuron's own
+        SpikingJelly defaults (the fields' defaults); the model's are dropped. A keyword is given when not None
+        (``v_reset`` is always given: None there means soft reset).
+        """
+        given = {k: v for k, v in keywords.items() if v is not None}
+        chosen = {**model_defaults, **given} if spiking_neuron is None else given
+        return cls.uniform("LIF" if spiking_neuron is None else spiking_neuron, v_reset=v_reset, **chosen)
 
     def make(self, site: str = "plain") -> BaseNode:
         """A multi-step neuron for ``site``: ``plain``, ``attn`` (inside attention) or ``attn_map``."""

@@ -15,6 +15,7 @@ import ml_collections
 from flax import nnx
 
 from snnjax.models.mlp import SpikingMLP
+from snnjax.models.ms_resnet import MaxResNet, MSResNet
 from snnjax.models.plif_net import PRESETS as PLIF_PRESETS
 from snnjax.models.plif_net import ParametricLIFNet
 from snnjax.models.qkformer import QKFormer
@@ -104,6 +105,10 @@ def _resnet_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]
     return {"in_channels": c, "num_classes": data.num_classes}
 
 
+def _ms_resnet_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_channels": _image(data, "ms_resnet")[2], "num_classes": data.num_classes, "T": data.time_steps}
+
+
 def _plif_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
     h, w, c = _image(data, "parametric-LIF net")
     stages = options.get("stages", 5)
@@ -116,6 +121,7 @@ def _plif_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 _RESNET_SIZES = ("in_channels", "num_classes")
 _PLIF_SIZES = ("in_channels", "image_size", "num_classes")
+_MS_RESNET_SIZES = ("in_channels", "num_classes", "T")
 
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry(SpikingMLP, _mlp_sizes, ("in_features", "num_classes")),
@@ -127,6 +133,11 @@ REGISTRY: dict[str, ModelEntry] = {
        for d in (18, 34, 50)},
     **{f"sew_resnet{d}": ModelEntry(ResNet, _resnet_sizes, _RESNET_SIZES, {"depth": d, "cnf": "ADD"})
        for d in (18, 34, 50)},
+    "ms_resnet18": ModelEntry(MSResNet, _ms_resnet_sizes, _MS_RESNET_SIZES, {"stage_blocks": (2, 2, 2, 2)}),
+    "ms_resnet34": ModelEntry(MSResNet, _ms_resnet_sizes, _MS_RESNET_SIZES, {"stage_blocks": (3, 4, 6, 3)}),
+    "max_resnet18": ModelEntry(MaxResNet, _ms_resnet_sizes, _MS_RESNET_SIZES,
+                               {"stage_blocks": (3, 3, 2), "stage_channels": (128, 256, 512), "stem_kernel_size": 3,
+                                "stem_stride": 1}),
     **{f"{name}_net": ModelEntry(ParametricLIFNet, _plif_sizes, _PLIF_SIZES, preset)
        for name, preset in PLIF_PRESETS.items()},
 }
@@ -135,7 +146,11 @@ _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
 # Options every model takes besides its constructor's: the multi-step neurons' implementation
 # (``snnjax.neurons.dispatch``; set on the built model's neurons).
 COMMON_OPTIONS = {"neuron_impl": "auto"}
-TUPLE_KEYS = ("widths", "pools", "hidden", "stage_blocks")  # options given as sequences (tuples in the config)
+TUPLE_KEYS = ("widths", "pools", "hidden", "stage_blocks", "stage_channels")  # sequences (tuples in the config)
+# Options whose None default means "not given" (MS-ResNet's neuron keywords, resolved as SpikingJelly does), by
+# type: the config holds a typed placeholder so that the command line can set them.
+UNSET_TYPES = {"spiking_neuron": str, "tau": float, "decay_input": bool, "v_threshold": float,
+               "surrogate_function": str, "detach_reset": bool, **{k: tuple for k in TUPLE_KEYS}}
 
 
 def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -172,11 +187,12 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
         default = params[key].default
         if key in REGISTRY[name].size_keys or default is inspect.Parameter.empty:
             continue
-        if key == "surrogate_function":
+        if key == "surrogate_function" and default is not None:
             default = sg.name_of(default)
         default = REGISTRY[name].defaults.get(key, default)
-        # A tuple option left unset (None) stays overridable from the command line, as a tuple.
-        c[key] = ml_collections.config_dict.placeholder(tuple) if default is None and key in TUPLE_KEYS else default
+        # An option left unset (None) stays overridable from the command line, with its type.
+        c[key] = ml_collections.config_dict.placeholder(UNSET_TYPES[key]) if default is None and key in UNSET_TYPES \
+            else default
     for key, value in overrides.items():
         c[key] = value
     return c

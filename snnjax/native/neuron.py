@@ -29,7 +29,7 @@ from snnjax.native import build
 from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 
-_SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3}
+_SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3, sg.Rect: 4}
 _KIND_IDS = {"IF": 0, "LIF": 1, "PLIF": 2}
 # A chunk's backward scratch (H for T steps) is T * chunk values: at most 512 KiB in float32,
 # about a core's L2 cache. Longer chunks amortise the per-step loop overhead; on the 2-core

@@ -58,7 +58,8 @@ template <typename F>
 Params<F> MakeParams(int64_t T, int64_t M, int64_t kind, F k, double tau, bool hard, bool detach, bool v_seq,
                      bool decay_input, double v_reset, double v_th, double alpha) {
   Params<F> p{T, M, static_cast<F>(v_th), static_cast<F>(v_reset), F(1), F(1), static_cast<F>(alpha),
-              hard, detach, v_seq, decay_input, kCanStream && T * M * int64_t{sizeof(F)} >= kStreamMinBytes};
+              static_cast<F>(0.5 / alpha), hard, detach, v_seq, decay_input,
+              kCanStream && T * M * int64_t{sizeof(F)} >= kStreamMinBytes};
   if (kind == 1) {
     p.k = F(1) / static_cast<F>(tau);
     p.keep = static_cast<F>(1.0 - 1.0 / tau);
@@ -103,7 +104,8 @@ ReverseFn<F> PickReverse(int64_t surrogate) {
     case kSigmoid: return ReverseChunk<F, kSigmoid, PLIF>;
     case kATan: return ReverseChunk<F, kATan, PLIF>;
     case kPiecewiseQuadratic: return ReverseChunk<F, kPiecewiseQuadratic, PLIF>;
-    default: return ReverseChunk<F, kSoftSign, PLIF>;
+    case kSoftSign: return ReverseChunk<F, kSoftSign, PLIF>;
+    default: return ReverseChunk<F, kRect, PLIF>;
   }
 }
 
@@ -111,7 +113,7 @@ ffi::Error CheckArgs(ffi::Span<const int64_t> x, int64_t chunk, int64_t charging
   if (x.size() != 2) return ffi::Error::InvalidArgument("neuron kernels take x of shape [T, M]");
   if (chunk <= 0) return ffi::Error::InvalidArgument("chunk must be positive");
   if (charging < 0 || charging > kLeak) return ffi::Error::InvalidArgument("unknown charging mode");
-  if (surrogate < 0 || surrogate > kSoftSign) return ffi::Error::InvalidArgument("unknown surrogate");
+  if (surrogate < 0 || surrogate > kRect) return ffi::Error::InvalidArgument("unknown surrogate");
   return ffi::Error::Success();
 }
 

@@ -60,7 +60,7 @@ enum Charging : int {
   kKeep = 2,        // LIF / PLIF, no decay_input, v_r = 0: H = V keep + X
   kLeak = 3,        // LIF / PLIF, no decay_input, v_r != 0: H = V - (V - v_r) k + X
 };
-enum Surrogate : int { kSigmoid = 0, kATan = 1, kPiecewiseQuadratic = 2, kSoftSign = 3 };
+enum Surrogate : int { kSigmoid = 0, kATan = 1, kPiecewiseQuadratic = 2, kSoftSign = 3, kRect = 4 };
 
 template <typename F>
 struct Params {
@@ -68,6 +68,7 @@ struct Params {
   F v_th, v_reset;  // v_reset: the hard-reset potential (v_r), 0 for soft reset
   F k, keep;        // 1/tau (LIF: 1 / F(tau); PLIF: sigmoid(w)) and 1 - k (LIF: F(1 - 1/tau))
   F alpha;          // the surrogate's sharpness
+  F half_width;     // Rect's window 0.5 / alpha, divided in double then rounded (as the XLA path's constant)
   bool hard, detach, v_seq, decay_input;
   bool stream;      // write the [T, M] outputs through StreamStore
 };
@@ -123,9 +124,9 @@ inline float ExpNegAbs(float a, float x) {
 }
 inline double ExpNegAbs(double a, double x) { return std::exp(-(a * x)); }
 
-// The surrogate derivative sg'(x) at x = H - v_threshold (formulas of surrogate.py).
+// The surrogate derivative sg'(x) at x = H - v_threshold (formulas of surrogate.py); hw is Rect's half-width.
 template <typename F, int SURR>
-inline F SurrogateGrad(F x, F a) {
+inline F SurrogateGrad(F x, F a, F hw) {
   if constexpr (SURR == kSigmoid) {
     // sigmoid(a x) (1 - sigmoid(a x)) = e / (1 + e)^2 with e = exp(-a |x|) in (0, 1]: the
     // derivative is even in x, and 1 + e cannot overflow.
@@ -137,9 +138,11 @@ inline F SurrogateGrad(F x, F a) {
   } else if constexpr (SURR == kPiecewiseQuadratic) {
     const F ax = x < F(0) ? -x : x;
     return ax > F(1) / a ? F(0) : a - a * a * ax;
-  } else {
+  } else if constexpr (SURR == kSoftSign) {
     const F d = F(1) / a + (x < F(0) ? -x : x);
     return F(1) / (F(2) * a * d * d);
+  } else {
+    return (x < F(0) ? -x : x) < hw ? a : F(0);  // strictly inside the window, as SpikingJelly's Rect
   }
 }
 
@@ -201,7 +204,7 @@ template <typename F, int SURR, bool PLIF>
 F ReverseChunk(const Params<F>& p, int64_t lo, int64_t hi, const F* x, const F* v0, int64_t v0_size, const F* h,
                const F* ds, const F* dv_out, F* dx, F* dv0, F* dv, F* dh, F* g, F* row) {
   const int64_t n = hi - lo, M = p.M, T = p.T;
-  const F vr = p.v_reset, vth = p.v_th, alpha = p.alpha, k = p.k;
+  const F vr = p.v_reset, vth = p.v_th, alpha = p.alpha, hw = p.half_width, k = p.k;
   const bool hard = p.hard, v_seq = p.v_seq, decay_input = p.decay_input;
   // dV_t/dH_t = g (a (v_r - H) - c v_th) + 1 - b S, the flags as 0/1 coefficients (hard and
   // not detached: (v_r - H) g + 1 - S; hard, detached: 1 - S; soft, not detached:
@@ -224,7 +227,7 @@ F ReverseChunk(const Params<F>& p, int64_t lo, int64_t hi, const F* x, const F* 
     // iterations of its long dependency chains (1.3x faster backward with Sigmoid).
     F* __restrict gc = g;
 #pragma GCC ivdep
-    for (int64_t i = 0; i < n; ++i) gc[i] = SurrogateGrad<F, SURR>(ht[i] - vth, alpha);
+    for (int64_t i = 0; i < n; ++i) gc[i] = SurrogateGrad<F, SURR>(ht[i] - vth, alpha, hw);
 #pragma GCC ivdep
     for (int64_t i = 0; i < n; ++i) {
       const F hv = ht[i], gi = gc[i];

@@ -9,10 +9,10 @@ implementation) serves the kernel checks and tests.
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step
 from snnjax.neurons.dispatch import IMPLS, multistep, resolve_impl
 from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
-from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Sigmoid, SoftSign, spike
+from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
 
 __all__ = [
     "ATan", "IFNode", "IMPLS", "LIFNode", "MembranePotential", "NeuronConfig", "ParametricLIFNode",
-    "PiecewiseQuadratic", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
+    "PiecewiseQuadratic", "Rect", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
     "resolve_impl", "set_impl", "spike", "step",
 ]

@@ -82,7 +82,21 @@ class SoftSign:
         return (ax / (1.0 + jnp.abs(ax)) + 1.0) / 2.0
 
 
-SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "piecewise_quadratic": PiecewiseQuadratic, "soft_sign": SoftSign}
+@dataclasses.dataclass(frozen=True)
+class Rect:
+    """``sg(x) = clip(alpha x + 1/2, 0, 1)``; ``sg'(x) = alpha`` for ``|x| < 1/(2 alpha)`` (strictly), else 0."""
+
+    alpha: float = 1.0
+
+    def grad(self, x):
+        return jnp.where(jnp.abs(x) < 0.5 / self.alpha, self.alpha, 0.0).astype(x.dtype)
+
+    def primitive(self, x):
+        return jnp.clip(self.alpha * x + 0.5, 0.0, 1.0)
+
+
+SURROGATES = {"sigmoid": Sigmoid, "atan": ATan, "piecewise_quadratic": PiecewiseQuadratic, "soft_sign": SoftSign,
+              "rect": Rect}
 
 
 def name_of(surrogate: Surrogate) -> str:
@@ -94,7 +108,7 @@ def name_of(surrogate: Surrogate) -> str:
 
 
 def get(name: str, alpha: float | None = None) -> Surrogate:
-    """A surrogate by name (``sigmoid``, ``atan``, ``piecewise_quadratic``, ``soft_sign``)."""
+    """A surrogate by name (``sigmoid``, ``atan``, ``piecewise_quadratic``, ``soft_sign``, ``rect``)."""
     if name not in SURROGATES:
         raise ValueError(f"unknown surrogate {name!r}; choose one of {sorted(SURROGATES)}")
     cls = SURROGATES[name]
