@@ -8,6 +8,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # threefry compiles slowly on XLA:CPU (about 3 s per new parameter shape on the CI machine); the
 # RngBitGenerator-based PRNG compiles in a tenth of that. Tests never depend on specific random bits.
 os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
+# One XLA compilation cache for the session, shared by the xdist workers and the train.py / launcher
+# subprocesses the tests start (they inherit the environment): a program compiled once (a resumed run's
+# step, a re-traced closure, the small eager ops every process runs) is not compiled again. The
+# controller process creates it; workers find it set. Programs with host callbacks are never cached.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="snnjax-tests-xla-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import contextlib  # noqa: E402
 import json  # noqa: E402

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -60,9 +62,36 @@ def _multistep(impl: str, options: P.KernelOptions | None = None):
     return implementation(impl) if options is None else functools.partial(P.multistep, options=options)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ("xla", "native"))
 def test_matches_spikingjelly(impl, neuron_case, x64):
     _assert_reproduces(impl, *neuron_case)
+
+
+def covering_cases(cases: list[dict]) -> list[int]:
+    """Indices of cases that together hold every pair of option values the cases hold (greedy)."""
+    fields = sorted({k for c in cases for k in c})
+
+    def pairs(case):
+        return {(a, str(case.get(a)), b, str(case.get(b))) for i, a in enumerate(fields) for b in fields[i + 1:]}
+
+    every, held, chosen = set().union(*map(pairs, cases)), set(), []
+    while held != every:
+        best = max(range(len(cases)), key=lambda i: len(pairs(cases[i]) - held))
+        chosen.append(best)
+        held |= pairs(cases[best])
+    return sorted(chosen)
+
+
+PALLAS_CASES = covering_cases(json.loads((pathlib.Path(__file__).parent / "fixtures" / "spikingjelly"
+                                          / "neurons.json").read_text()))
+
+
+@pytest.mark.parametrize("index", PALLAS_CASES)
+def test_pallas_kernel_matches_spikingjelly(index, neuron_reference, x64):
+    """The Pallas kernels (interpreted: slow on the CPU) on the cases that together hold every pair of option
+    values of ``neurons.json`` (kind x reset, reset x surrogate, ...); xla and native run every case."""
+    cases, arrays = neuron_reference
+    _assert_reproduces("pallas", cases[index], check.case_arrays(arrays, f"case{index:03d}/"))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

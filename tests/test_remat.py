@@ -59,9 +59,14 @@ def references(x64_module):
     return {name: _loss_and_grads(name, None) for name in CASES}
 
 
-@pytest.mark.parametrize("model_name", list(CASES))
-@pytest.mark.parametrize("policy,storage", [("none", "bits"), ("none", "int8"), ("units", "float"),
-                                            ("dots_saveable", "int8"), ("spikes", "float"), ("spikes", "bits")])
+POLICIES = [("none", "bits"), ("none", "int8"), ("units", "float"), ("dots_saveable", "int8"), ("spikes", "float"),
+            ("spikes", "bits")]
+# Spikformer (the slowest to compile) under each policy once, its spikes stored each way once.
+SPIKFORMER_POLICIES = [("none", "int8"), ("units", "float"), ("dots_saveable", "int8"), ("spikes", "bits")]
+
+
+@pytest.mark.parametrize("model_name,policy,storage", [(m, p, s) for m in CASES for p, s in POLICIES
+                                                       if m != "spikformer" or (p, s) in SPIKFORMER_POLICIES])
 def test_policy_matches_none(references, model_name, policy, storage):
     loss0, grads0, rest0 = references[model_name]
     assert float(jnp.sum(jnp.abs(jax.tree.leaves(grads0)[0]))) > 0
