@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from snnjax.data.source import Source
+
 
 def random_resized_crop_box(height: int, width: int, rng: np.random.Generator, scale=(0.08, 1.0),
                             ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
@@ -201,3 +203,36 @@ def check_keyless_read(augment: EventAugment | None, name: str) -> None:
         raise ValueError(f"{name}: this training split keeps a random {augment.temporal_delete} of its frames per "
                          "example (temporal_delete); read it through snnjax.data.Loader, which passes each example's "
                          "key (source.read(indices, keys)), or build it without temporal_delete")
+
+
+class AugmentedFrames(Source):
+    """A source whose example ``i`` is ``frames(i)``, augmented from its key by ``augment`` (None: as is), the
+    batch's examples read on ``workers`` (``snnjax.data.workers``).
+
+    Subclasses set ``name`` (for errors), ``labels`` (int ``[len]``), ``augment`` and ``workers``, and define
+    ``frames``.
+    """
+
+    name: str
+    labels: np.ndarray
+    augment: EventAugment | None
+
+    def frames(self, index: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
+        frames = self.frames(index)
+        if key is not None and self.augment is not None:
+            frames = self.augment(frames, np.random.default_rng(key))
+        return frames
+
+    def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
+        return np.stack(self.workers.map(lambda r: self._example(*r), rows)), self.labels[indices]
+
+    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        check_keyless_read(self.augment, self.name)
+        return self._read_all(indices, None)
+
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_all(indices, keys)

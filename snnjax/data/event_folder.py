@@ -27,15 +27,14 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from snnjax.data.augment import EventAugment, check_keyless_read
+from snnjax.data.augment import AugmentedFrames, EventAugment
 from snnjax.data.events import Events, resize_area
 from snnjax.data.frame_cache import load_frames, save_frames
 from snnjax.data.frames import FrameSpec
-from snnjax.data.source import Source
 from snnjax.data.workers import Workers
 
 
-class EventFolderSource(Source):
+class EventFolderSource(AugmentedFrames):
     """Event files -> frames ``[n, T, h, w, 2]`` float32 (event counts, or their area means if resized).
 
     Args:
@@ -190,23 +189,6 @@ class EventFolderSource(Source):
         with ThreadPoolExecutor(max_workers=num_workers or min(8, os.cpu_count() or 1)) as pool:
             for _ in pool.map(self.frames, self._build_order()):
                 pass
-
-    def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
-        frames = self.frames(index)
-        if key is not None and self.augment is not None:
-            frames = self.augment(frames, np.random.default_rng(key))
-        return frames
-
-    def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
-        return np.stack(self.workers.map(lambda r: self._example(*r), rows)), self.labels[indices]
-
-    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        check_keyless_read(self.augment, self.name)
-        return self._read_all(indices, None)
-
-    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._read_all(indices, keys)
 
 
 def require_dir(path: Path, dataset: str, hint: str) -> Path:

@@ -37,10 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from snnjax.data.augment import EventAugment, check_keyless_read
+from snnjax.data.augment import AugmentedFrames, EventAugment
 from snnjax.data.events import Events, segment_bounds_by_number
 from snnjax.data.frames import FrameSpec, bounds_by_duration, bounds_by_time, count_segments
-from snnjax.data.source import Source
 from snnjax.data.spike_cache import spike_arrays
 from snnjax.data.workers import Workers
 
@@ -77,7 +76,7 @@ def integrate_spikes(spec: FrameSpec, times: np.ndarray, units: np.ndarray) -> n
     return count_segments(units.astype(np.int64), j_l, j_r, NUM_CHANNELS)
 
 
-class HeidelbergSource(Source):
+class HeidelbergSource(AugmentedFrames):
     """One SHD/SSC HDF5 file as frames ``[n, T, 700]`` float32.
 
     Args:
@@ -102,6 +101,7 @@ class HeidelbergSource(Source):
         self.workers = Workers(num_workers, Path(path).stem)
         self.augment = augment if augment is not None and augment.active else None
         self.path = Path(path)
+        self.name = self.path.name
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as err:
@@ -112,12 +112,12 @@ class HeidelbergSource(Source):
             raise ValueError(f"{self.path}: no {', '.join(missing)} in the file: not an SHD/SSC release file")
         self._times = self._file["spikes/times"]
         self._units = self._file["spikes/units"]
-        self._labels = np.asarray(self._file["labels"][:], np.int64)
-        if self._times.shape[0] != self._labels.shape[0] or self._units.shape[0] != self._labels.shape[0]:
+        self.labels = np.asarray(self._file["labels"][:], np.int64)
+        if self._times.shape[0] != self.labels.shape[0] or self._units.shape[0] != self.labels.shape[0]:
             raise ValueError(f"{self.path}: {self._times.shape[0]} spike-time arrays, {self._units.shape[0]} unit "
-                             f"arrays and {self._labels.shape[0]} labels: the file is corrupt")
-        if self._labels.size and (self._labels.min() < 0 or self._labels.max() >= num_classes):
-            raise ValueError(f"{self.path}: labels span [{self._labels.min()}, {self._labels.max()}], outside "
+                             f"arrays and {self.labels.shape[0]} labels: the file is corrupt")
+        if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= num_classes):
+            raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
                              f"[0, {num_classes})")
         self._lock = threading.Lock()  # h5py serialises access anyway; one reader at a time
         self._flat = None
@@ -137,7 +137,7 @@ class HeidelbergSource(Source):
         self.example_shape = (self.time_steps, NUM_CHANNELS)
 
     def __len__(self) -> int:
-        return int(self._labels.shape[0])
+        return int(self.labels.shape[0])
 
     def with_frames(self, frames: FrameSpec) -> HeidelbergSource:
         """This file integrated by ``frames`` instead (e.g. a custom integrator)."""
@@ -169,23 +169,6 @@ class HeidelbergSource(Source):
             return integrate_spikes(self.spec, times, units)
         except ValueError as err:
             raise ValueError(f"{self.path}: sample {index}: {err}") from err
-
-    def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
-        frames = self.frames(index)
-        if key is not None and self.augment is not None:
-            frames = self.augment(frames, np.random.default_rng(key))
-        return frames
-
-    def _read_all(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        rows = [(int(i), None if keys is None else keys[j]) for j, i in enumerate(indices)]
-        return np.stack(self.workers.map(lambda r: self._example(*r), rows)), self._labels[indices]
-
-    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        check_keyless_read(self.augment, self.path.name)
-        return self._read_all(indices, None)
-
-    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._read_all(indices, keys)
 
 
 def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
