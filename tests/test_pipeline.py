@@ -103,8 +103,11 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
 @pytest.mark.parametrize("policy", list(REMAT))
 def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
     """The B/W split reaches the contractions inside the checkpointed units: each stage's W runs as many as without
-    checkpointing (none before the split inlined the checkpointed bodies), and training equals one device's."""
+    checkpointing (none before the split inlined the checkpointed bodies), and training equals one device's (under
+    ``units`` and the per-unit mix of every policy; the others are traced only, the suite's time)."""
     assert _w_contractions(policy) == _w_contractions("none") and min(_w_contractions("none")) > 0
+    if policy not in ("units", "mix"):
+        return
     ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
     first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)
     _assert_same_training(first, state, ref_first, ref_state)
