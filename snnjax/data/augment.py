@@ -10,6 +10,7 @@ CIFAR10-DVS recipe (``activation_based/examples/memopt``) adds a nearest-neighbo
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 
@@ -217,8 +218,9 @@ class AugmentedFrames(Source):
     labels: np.ndarray
     augment: EventAugment | None
 
+    @abc.abstractmethod
     def frames(self, index: int) -> np.ndarray:
-        raise NotImplementedError
+        """Example ``index``'s frames, before augmentation."""
 
     def _example(self, index: int, key: np.ndarray | None) -> np.ndarray:
         frames = self.frames(index)
