@@ -64,15 +64,18 @@ def test_matches_lax_under_jit_and_scan(x64, k, stride, padding):
     _close(tuple(a / 2 for a in summed), ref, 1e-13)
 
 
+# (input size, kernel, stride, padding): outputs smaller than the kernel (im2col forward, col2im input gradient),
+# then inputs smaller than the kernel with larger outputs (XLA's forward, col2im input gradient).
 TINY = [((2, 2), 3, 1, ((1, 1), (1, 1))), ((1, 3), 3, 1, ((1, 1), (1, 1))), ((3, 3), 3, 2, ((1, 1), (1, 1))),
-        ((2, 2), 5, 1, ((2, 2), (2, 2)))]  # (input size, kernel, stride, padding): outputs smaller than the kernel
+        ((2, 2), 5, 1, ((2, 2), (2, 2))), ((4, 4), 3, 2, ((1, 1), (1, 1))), ((2, 2), 3, 1, ((2, 2), (2, 2))),
+        ((2, 3), 3, 2, ((2, 1), (1, 2)))]
 
 
 @pytest.mark.parametrize("size, k, stride, padding", TINY)
-def test_output_smaller_than_kernel_takes_im2col(x64, size, k, stride, padding):
+def test_smaller_than_kernel_takes_im2col_and_col2im(x64, size, k, stride, padding):
     x, w = _inputs(jnp.float64, size=size, k=k)
     strides = (stride, stride)
-    assert conv_cpu._tiny_output(x.shape, w.shape, strides, padding)
+    assert conv_cpu._tiny_output(x.shape, w.shape, strides, padding) or conv_cpu._tiny_input(x.shape, w.shape)
     ref = _vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN), x, w)
     _close(jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, strides, padding), x, w))(x, w),
            ref, 1e-13)

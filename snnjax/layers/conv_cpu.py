@@ -16,8 +16,11 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
   fast outside loops and as fast inside them; on Eigen (``compiler_options``) it
   runs at matmul speed without materialising patches (2x faster than an im2col
   matmul, whose patches cost as much as the matmul);
-- forward and input gradient with an output smaller than the kernel (a 2 x 2
-  image, 3 x 3 kernel): im2col and one matmul, 13x faster than XLA's conv there.
+- forward with an output smaller than the kernel (a 2 x 2 image, 3 x 3 kernel):
+  im2col and one matmul, 13x faster than XLA's conv there; the input gradient
+  with an input or output smaller than the kernel: the cotangent times the kernel
+  and the transposed windows (``col2im_input_grad``), where XLA:CPU's conv made
+  the backward 4-13x slower (ResNet-18's stride-2 convs into its 2 x 2 and 1 x 1 stages).
 
 Steps that convolve on the CPU should compile with ``compiler_options(platform)`` (``import snnjax``
 makes it XLA's default too, ``snnjax.xla_options``, so plain ``jax.jit`` gets it):
@@ -68,6 +71,11 @@ def _tiny_output(x_shape, w_shape, strides, padding) -> bool:
     out = [(size + lo + hi - k) // s + 1 for size, k, s, (lo, hi) in
            zip(x_shape[1:3], w_shape[:2], strides, padding, strict=True)]
     return min(out) < min(w_shape[:2])
+
+
+def _tiny_input(x_shape, w_shape) -> bool:
+    """Whether the input is smaller than the kernel (a ResNet's ``2 x 2`` last stage under a ``3 x 3`` kernel)."""
+    return min(x_shape[1:3]) < min(w_shape[:2])
 
 
 def _windows(x, kh, kw, out_hw, strides, padding):
@@ -121,15 +129,34 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
 
     Returned in ``g``'s dtype, or float32 for lower-precision ``g``.
     """
+    if _tiny_output(x_shape, w.shape, strides, padding) or _tiny_input(x_shape, w.shape):
+        return col2im_input_grad(g, w, x_shape, strides, padding, precision)
     pads = []
     for k, s, (lo, hi), size, out in zip(w.shape[:2], strides, padding, x_shape[1:3], g.shape[1:3],
                                          strict=True):
         pads.append((k - 1 - lo, k - 1 - hi + _unreached(size, lo, hi, out, s, k)))
     w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3).astype(g.dtype)
-    if strides == (1, 1) and _tiny_output(g.shape, w_t.shape, strides, pads):
-        return im2col_conv(g, w_t, strides, pads, precision)
     return lax.conv_general_dilated(g, w_t, (1, 1), pads, lhs_dilation=strides, dimension_numbers=_DN,
                                    precision=precision, preferred_element_type=_acc_dtype(g.dtype))
+
+
+def col2im_input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tuple[int, int],
+                      padding: Sequence[tuple[int, int]], precision=None) -> jax.Array:
+    """``dL/dx`` of ``im2col_conv``: the cotangent times the kernel (contracting ``C_out``), each tap's slice added
+    back at its strided window (the transpose of the windows).
+
+    For convolutions whose input or output is smaller than the kernel (a ResNet's last stage): there XLA:CPU swaps
+    the operands of the input-gradient convolution into a layout its Eigen runtime does not take and runs it on a
+    generic loop (SEW-ResNet-18's ``4 x 4 -> 2 x 2`` stride-2 conv, 256 -> 512 channels at N*T = 32, 2-core CPU:
+    its backward, both gradients, 69 ms there, 5.1 ms here).
+    """
+    kh, kw, ci, co = w.shape
+    acc = _acc_dtype(g.dtype)
+    patch_grad = lax.dot_general(g.astype(acc), w.reshape(kh * kw, ci, co).astype(acc), (((3,), (2,)), ((), ())),
+                                 precision=precision)  # [N, H_out, W_out, kh * kw, C_in]
+    windows = functools.partial(_windows, kh=kh, kw=kw, out_hw=g.shape[1:3], strides=strides, padding=padding)
+    (dx,) = jax.linear_transpose(windows, jax.ShapeDtypeStruct(tuple(x_shape), acc))(patch_grad)
+    return dx
 
 
 def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: tuple[int, int],
