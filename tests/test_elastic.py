@@ -1,8 +1,9 @@
-"""Elastic runs under ``python -m snnjax.launch``: stop agreement, restarts, shrinking, hang detection.
+"""Elastic runs under ``python -m snnjax.launch``: stop agreement, restarts, shrinking, hang detection, and
+checkpoints restored on another process count and mesh.
 
 Every job is the digits MLP in float64 on 2 processes x 4 CPU devices (FSDP across the processes, tensor
-parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted run the interrupted
-ones must reproduce bitwise.
+parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted job the interrupted ones must
+reproduce bitwise, and that 1 process x 8 devices reproduces to rounding.
 """
 import json
 import os
@@ -14,18 +15,33 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 import pytest
-from test_launch import ROOT, _metrics, _params, child_env, launch_cmd
+from test_launch import ROOT, _metrics, _params, child_env, launch_cmd, train_one_process
 
 from snnjax import launch
 from snnjax.train.checkpoint import complete_steps
 
-STEPS = 100  # long enough that the signals below land mid-run on a fast machine
-TRAIN = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", f"--config.num_steps={STEPS}",
-         "--config.eval_every_steps=1000", "--config.checkpoint_every_steps=20", "--config.keep_checkpoints=100",
-         "--config.parallel.mode=fsdp_tp", "--config.parallel.mesh=fsdp=-1,tensor=2"]
+STEPS = 60  # long enough that a signal sent once the step has compiled lands mid-run on a fast machine
+JOB = {"dtype": "float64", "num_steps": STEPS, "eval_every_steps": 1000, "checkpoint_every_steps": 20,
+       "keep_checkpoints": 100, "schedule": "constant",  # a leg that ends early (num_steps) has the same rates
+       "parallel.mode": "fsdp_tp", "parallel.mesh": "fsdp=-1,tensor=2"}
+
+
+def overrides(**changes) -> list[str]:
+    """``--config.KEY=VALUE`` flags of ``JOB`` with ``changes`` (dotted keys)."""
+    return [f"--config.{k}={v}" for k, v in {**JOB, **changes}.items()]
+
+
+def train_args(**changes) -> list:
+    """train.py's arguments for ``JOB`` with ``changes``."""
+    return ["--config", ROOT / "configs" / "digits.py", *overrides(**changes)]
+
+
+TRAIN = train_args()
+QUIET = train_args(log_every_steps=100000)  # no logging step for the processes to agree at
 TWO = ["--nproc", 2, "--devices-per-proc", 4]
 
 
@@ -75,54 +91,116 @@ def assert_bitwise(got: dict, want: dict) -> None:
         assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
 
 
+def losses(workdir: pathlib.Path) -> dict[int, float]:
+    """Each step's logged loss (the last record of a step: a restarted job logs the steps after its checkpoint
+    again)."""
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+
+
+def assert_close(got: dict, want: dict) -> None:
+    """Equal to rounding (float64): another layout sums in another order."""
+    assert got.keys() == want.keys() and any("params" in k for k in want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype, key
+        if np.issubdtype(value.dtype, np.floating):
+            scale = max(float(np.max(np.abs(value))), 1e-300)
+            assert np.max(np.abs(got[key] - value)) <= 1e-12 * scale, key
+        else:  # step counts
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+class Reference(NamedTuple):
+    out: str  # the launcher's output
+    workdir: pathlib.Path
+    params: dict[str, np.ndarray]  # the final checkpoint's arrays
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory) -> Reference:
+    """The uninterrupted job, every step's loss logged."""
     tmp_path = tmp_path_factory.mktemp("reference")
-    code, out = finish(start(tmp_path, "run", *TWO), tmp_path, "run")
+    code, out = finish(start(tmp_path, "run", *TWO, train=train_args(log_every_steps=1)), tmp_path, "run")
     assert code == 0, out[-3000:]
-    return _params(tmp_path / "run")
+    return Reference(out, tmp_path / "run", _params(tmp_path / "run"))
 
 
-def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path, reference):
-    proc = start(tmp_path, "run", *TWO, "--max-restarts", 1, "--grace-s", 2)
-    pid = rank_pid(proc, 1)
-    wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints"), "the first checkpoint")
-    time.sleep(random.uniform(0, 0.3))
-    os.kill(pid, signal.SIGKILL)
-    code, out = finish(proc, tmp_path, "run")
-    assert code == 0, out[-3000:]
-    restart = re.search(r"launch: restart 1 of 1 after rank 1 was killed by SIGKILL( at step \d+)?: 2 processes, "
-                        r"resumed at step (\d+)\n", out)
-    assert restart, out[-3000:]
-    resumed = int(restart.group(2))
-    assert f"resuming at step {resumed}" in out
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["restarts"] == [{"attempt": 1, "processes": 2, "resumed_step": resumed,
-                                    "cause": re.search(r"after (rank 1 [^:]*):", out).group(1)}]
-    assert_bitwise(_params(tmp_path / "run"), reference)
+def test_two_processes_train_as_one(tmp_path, reference, x64):
+    """2 processes x 4 devices (fsdp=4 over both, tensor=2 within each) match 1 process x 8 (here, in-process) in
+    float64: every step's loss, the evaluation and the final parameters and optimizer state."""
+    assert "[rank 0] done: eval_accuracy" in reference.out and "[rank 1] done:" not in reference.out  # rank 0 reports
+    assert "fsdp=4 x tensor=2" in reference.out
+    train_one_process(tmp_path / "one", overrides(log_every_steps=1))
+
+    losses_one, eval_one = _metrics(tmp_path / "one")
+    losses_two, eval_two = _metrics(reference.workdir)
+    assert len(losses_one) == len(losses_two) == STEPS
+    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)
+    # The test set (359 examples) ends in a padded, masked batch that each process reads its half of.
+    assert eval_two["eval_accuracy"] == eval_one["eval_accuracy"]
+    np.testing.assert_allclose(eval_two["eval_loss"], eval_one["eval_loss"], rtol=1e-12, atol=0)
+    params_one = _params(tmp_path / "one")
+    assert all(v.dtype == np.float64 for v in params_one.values() if np.issubdtype(v.dtype, np.floating))
+    assert_close(reference.params, params_one)
 
 
-def test_sigterm_saves_one_step_in_every_process_within_the_grace_period(tmp_path, reference):
-    # No logging step to agree at. (Checkpoints every 20 steps stay: with no host sync at all, 2 x 4 CPU devices
-    # with gloo can deadlock after some 36-75 steps in flight, with or without a signal.)
-    quiet = [*TRAIN, "--config.log_every_steps=100000"]
-    proc = start(tmp_path, "run", *TWO, train=quiet)
+def test_checkpoint_restores_on_another_process_count_and_mesh(tmp_path, reference, x64):
+    """The reference's checkpoint of step 20 (2 processes, fsdp=4 x tensor=2) resumed by 1 process x 8 devices (here,
+    in-process; data=2 x tensor=4) to step 40, then by 2 processes again (fsdp=8) to the end, follows the
+    uninterrupted job's trajectory: the loss of every step, the final parameters and optimizer state."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference.workdir / "checkpoints" / "20", tmp_path / "run" / "checkpoints" / "20")
+    train_one_process(tmp_path / "run", overrides(**{"num_steps": 40, "log_every_steps": 1, "resume": True,
+                                                     "parallel.mode": "dp_tp", "parallel.mesh": "data=2,tensor=4"}))
+    fsdp8 = train_args(**{"log_every_steps": 1, "resume": True, "parallel.mode": "fsdp", "parallel.mesh": "fsdp=8"})
+    code, out = finish(start(tmp_path, "run", *TWO, train=fsdp8), tmp_path, "run")
+    assert code == 0 and "resuming at step 40" in out, out[-3000:]
+    resumed, straight = losses(tmp_path / "run"), losses(reference.workdir)
+    assert sorted(resumed) == list(range(21, STEPS + 1))
+    np.testing.assert_allclose([resumed[s] for s in resumed], [straight[s] for s in resumed], rtol=1e-12, atol=0)
+    assert_close(_params(tmp_path / "run"), reference.params)
+
+
+def test_sigterm_saves_one_step_then_a_killed_process_restarts_the_resumed_job(tmp_path, reference):
+    """SIGTERM to the launcher: every process saves the same step within the grace period and the job exits 143.
+    Resumed with --max-restarts 1, the job loses rank 1 to SIGKILL after its next checkpoint and restarts from its
+    latest checkpoint. The end equals the uninterrupted job bitwise."""
+    # (Checkpoints every 20 steps stay: with no host sync at all, 2 x 4 CPU devices with gloo can deadlock after some
+    # 36-75 steps in flight, with or without a signal.)
+    proc = start(tmp_path, "run", *TWO, train=QUIET)
     wait_for(lambda: "compiled in" in (tmp_path / "run.out").read_text(), "compilation")
-    time.sleep(random.uniform(0, 0.3))
+    time.sleep(random.uniform(0, 0.1))
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc, tmp_path, "run")
     # 143 only if every process saved and exited by itself within --grace-s (5 s), else the launcher kills it.
     assert code == 143, out[-3000:]
     step = int(re.search(r"stopped by SIGTERM after step (\d+) of", out).group(1))
     assert f"launch: stopped all 2 processes on SIGTERM; each saved its checkpoint of step {step} (exit code 143" in out
-    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step and step < STEPS
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == step
+    assert step < STEPS - 20, f"stopped at step {step}: too late to kill a process after the next checkpoint"
 
-    code, out = finish(start(tmp_path, "run", *TWO, train=[*quiet, "--config.resume=True"]), tmp_path, "run")
-    assert code == 0 and f"resuming at step {step}" in out, out[-3000:]
-    assert_bitwise(_params(tmp_path / "run"), reference)
+    proc = start(tmp_path, "run", *TWO, "--max-restarts", 1, "--grace-s", 2, train=train_args(resume=True))
+    pid = rank_pid(proc, 1)
+    wait_for(lambda: complete_steps(tmp_path / "run" / "checkpoints")[-1] > step, "a checkpoint after the resume")
+    time.sleep(random.uniform(0, 0.1))
+    os.kill(pid, signal.SIGKILL)
+    code, out = finish(proc, tmp_path, "run")
+    assert code == 0, out[-3000:]
+    assert f"resuming at step {step}" in out
+    restart = re.search(r"launch: restart 1 of 1 after rank 1 was killed by SIGKILL( at step \d+)?: 2 processes, "
+                        r"resumed at step (\d+)\n", out)
+    assert restart, out[-3000:]
+    resumed = int(restart.group(2))
+    assert resumed > step and f"resuming at step {resumed}" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["restarts"] == [{"attempt": 1, "processes": 2, "resumed_step": resumed,
+                                    "cause": re.search(r"after (rank 1 [^:]*):", out).group(1)}]
+    assert_bitwise(_params(tmp_path / "run"), reference.params)
 
-    # Too short a grace period to save: not 143, and the launcher says which process was killed before saving.
-    proc = start(tmp_path, "short", *TWO, "--grace-s", 0.05, train=quiet)
+
+def test_too_short_a_grace_period_to_save_is_reported(tmp_path):
+    """Not 143, and the launcher says which process was killed before saving."""
+    proc = start(tmp_path, "short", *TWO, "--grace-s", 0.05, train=QUIET)
     wait_for(lambda: "compiled in" in (tmp_path / "short.out").read_text(), "compilation")
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc, tmp_path, "short")
@@ -137,8 +215,7 @@ def test_a_stopped_process_is_reported_with_its_stack_and_ended(tmp_path):
             "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000"]
     timeout = 4
     proc = start(tmp_path, "run", "--nproc", 2, "--hang-timeout-s", timeout, "--grace-s", 1, train=fast)
-    wait_for(lambda: "compiled in" in (tmp_path / "run.out").read_text(), "compilation")
-    time.sleep(1)
+    wait_for(lambda: (tmp_path / "run" / "metrics.jsonl").exists(), "the first logged step")  # both are stepping
     os.kill(rank_pid(proc, 1), signal.SIGSTOP)
     stopped = time.monotonic()
     code, out = finish(proc, tmp_path, "run")
@@ -190,11 +267,8 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
 
-    def losses(workdir):  # the last record of each step (a restarted job logs the steps after its checkpoint again)
-        rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-        return {r["step"]: r["train_loss"] for r in rows if "train_loss" in r and r["step"] > resumed}
-
-    shrunk, single = losses(tmp_path / "run"), losses(tmp_path / "alone")
+    shrunk, single = ({k: v for k, v in losses(w).items() if k > resumed} for w in (tmp_path / "run",
+                                                                                        tmp_path / "alone"))
     assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 61))
     assert shrunk == single
     assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
@@ -210,8 +284,7 @@ def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
 def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
     """SLURM signals every task of a preempted job: both save the same step and exit 143, the code a requeue script
     looks for; requeued on one node (SLURM_RESTART_COUNT=1), the job resumes by itself on half the devices."""
-    quiet = [sys.executable, ROOT / "train.py", *TRAIN, "--config.log_every_steps=100000", "--workdir",
-             tmp_path / "run"]
+    quiet = [sys.executable, ROOT / "train.py", *QUIET, "--workdir", tmp_path / "run"]
     port = launch.free_port()
     outs = [open(tmp_path / f"task{k}.out", "w") for k in range(2)]  # noqa: SIM115 (closed below)
     tasks = [subprocess.Popen(quiet, env=slurm_env(2, k, port), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -234,7 +307,4 @@ def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
                               capture_output=True, text=True, timeout=300)
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert "fsdp=2 x tensor=2" in requeued.stdout and f"resuming at step {step}" in requeued.stdout
-    resumed = _params(tmp_path / "run")
-    for key, want in reference.items():  # another layout for the last steps: equal to rounding
-        scale = max(float(np.max(np.abs(want))), 1e-300)
-        assert np.max(np.abs(resumed[key] - want)) <= 1e-12 * scale, key
+    assert_close(_params(tmp_path / "run"), reference.params)  # another layout for the last steps

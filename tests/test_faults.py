@@ -29,16 +29,21 @@ STEPS = 6
 NAN_STEP = 3  # 1-based, as the logs count
 
 
-def small_config(**overrides):
+def digits_config(**overrides):
+    """``configs/digits.py`` on one device (``parallel.mode=none``), with ``overrides``."""
     spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config()
-    c.num_steps, c.global_batch_size, c.parallel.mode = STEPS, 32, "none"
-    c.log_every_steps, c.checkpoint_every_steps, c.keep_checkpoints = 2, 1, STEPS + 1  # keep every step
+    c.parallel.mode = "none"
     for key, value in overrides.items():
         setattr(c, key, value)
     return c
+
+
+def small_config(**overrides):
+    return digits_config(**{"num_steps": STEPS, "global_batch_size": 32, "log_every_steps": 2,
+                            "checkpoint_every_steps": 1, "keep_checkpoints": STEPS + 1, **overrides})  # every step
 
 
 def saved(workdir: pathlib.Path, step: int) -> dict[str, np.ndarray]:
@@ -156,22 +161,20 @@ def test_sigint_saves_the_step_then_resume_is_bitwise_equal(tmp_path, monkeypatc
     assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
 
 
-def train_cmd(workdir, *overrides):
-    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "digits.py"),
-            "--workdir", str(workdir), "--config.num_steps=400", "--config.checkpoint_every_steps=25",
-            "--config.log_every_steps=50", "--config.parallel.mode=none", *overrides]
+SIGTERM_RUN = {"num_steps": 300, "checkpoint_every_steps": 100, "log_every_steps": 50, "eval_every_steps": 1000}
 
 
-def test_sigterm_stops_train_py_with_143_then_resume_is_bitwise_equal(tmp_path):
-    full = tmp_path / "full"
-    assert subprocess.run(train_cmd(full), capture_output=True, timeout=300, cwd=ROOT).returncode == 0
-
+def test_sigterm_stops_train_py_with_143_then_resume_is_bitwise_equal(tmp_path, capsys):
+    """train.py on SIGTERM: exit code 143 and where its checkpoint is; that workdir resumed (here, in-process: the
+    same ``train_and_evaluate``) ends bitwise equal to an uninterrupted run."""
     part = tmp_path / "part"
-    proc = start_until_checkpoint(train_cmd(part), part, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "digits.py"), "--workdir",
+           str(part), "--config.parallel.mode=none", *(f"--config.{k}={v}" for k, v in SIGTERM_RUN.items())]
+    proc = start_until_checkpoint(cmd, part, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
-    stop = re.search(r"stopped by SIGTERM after step (\d+) of 400: checkpoint (\S+) is on disk; .*"
+    stop = re.search(r"stopped by SIGTERM after step (\d+) of 300: checkpoint (\S+) is on disk; .*"
                      r"--config.resume=True", out)
     assert stop, out[-2000:]
     k = int(stop.group(1))
@@ -179,11 +182,13 @@ def test_sigterm_stops_train_py_with_143_then_resume_is_bitwise_equal(tmp_path):
     assert max(complete_steps(part / "checkpoints")) == k
     assert not (part / "summary.json").exists()
 
-    resumed = subprocess.run(train_cmd(part, "--config.resume=True"), capture_output=True, text=True, timeout=300,
-                             cwd=ROOT)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming at step {k}" in resumed.stdout
-    assert_same(saved(part, 400), saved(full, 400), but=())
+    c = digits_config(**SIGTERM_RUN)  # the run above
+    capsys.readouterr()
+    train_and_evaluate(c, tmp_path / "full")
+    c.resume = True
+    train_and_evaluate(c, part)
+    assert f"resuming at step {k}" in capsys.readouterr().out
+    assert_same(saved(part, 300), saved(tmp_path / "full", 300), but=())
 
 
 # ----------------------------------------------------------------------------- non-finite steps

@@ -1,4 +1,6 @@
 """Multi-process runs: ``snnjax.distributed.initialize``, the local launcher, and 2 processes training as 1 does."""
+import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -18,6 +20,7 @@ from snnjax import distributed, launch, xla_options
 from snnjax.data.loader import Loader, process_slice
 from snnjax.data.source import ArraySource
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLUSTER_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
@@ -388,90 +391,42 @@ def _metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
     return losses, evals[-1]
 
 
-def train_one_and_two(tmp_path, args) -> subprocess.CompletedProcess:
-    """``train.py args`` as 1 process x 8 devices (``tmp_path/one``) and under the launcher as 2 processes x 4
-    (``tmp_path/two``); both must succeed. Returns the launched run."""
-    one = subprocess.run([sys.executable, ROOT / "train.py", *args, "--workdir", tmp_path / "one"],
-                         env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+def digits_config(overrides: list[str]):
+    """``configs/digits.py`` with ``--config.KEY=VALUE`` overrides applied, as train.py would."""
+    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.lock()  # a misspelt key is an error, as in train.py
+    for flag in overrides:
+        key, value = flag.removeprefix("--config.").split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):  # a word or a mesh spec: a string
+            pass
+        c.update_from_flattened_dict({key: value})
+    return c
+
+
+def train_one_process(workdir: pathlib.Path, overrides: list[str]) -> None:
+    """train.py's run of ``configs/digits.py`` with ``overrides`` as 1 process x 8 devices: in this process (float64
+    under the ``x64`` fixture)."""
+    c = digits_config(overrides)
+    assert c.dtype != "float64" or jax.config.read("jax_enable_x64")
+    train_and_evaluate(c, workdir)
+
+
+def train_one_and_two(tmp_path, overrides) -> subprocess.CompletedProcess:
+    """train.py on ``configs/digits.py`` with ``overrides`` as 1 process x 8 devices (``tmp_path/one``, in this
+    process) and under the launcher as 2 processes x 4 (``tmp_path/two``); both must succeed. Returns the launched
+    run."""
+    train_one_process(tmp_path / "one", overrides)
     two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
-                                    ROOT / "train.py", *args, "--workdir", tmp_path / "two"),
+                                    ROOT / "train.py", "--config", ROOT / "configs" / "digits.py", *overrides,
+                                    "--workdir", tmp_path / "two"),
                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     return two
-
-
-def test_two_processes_train_as_one(tmp_path):
-    """2 processes x 4 devices (fsdp over both, tensor within each) match 1 process x 8 in float64."""
-    common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=5",
-              "--config.log_every_steps=1", "--config.eval_every_steps=5", "--config.parallel.mode=fsdp_tp",
-              "--config.parallel.mesh=fsdp=4,tensor=2"]
-    two = train_one_and_two(tmp_path, common)
-    assert "[rank 0] done: eval_accuracy" in two.stdout and "[rank 1] done:" not in two.stdout  # rank 0 reports
-    assert "fsdp=4 x tensor=2" in two.stdout
-
-    losses_one, eval_one = _metrics(tmp_path / "one")
-    losses_two, eval_two = _metrics(tmp_path / "two")
-    assert len(losses_one) == len(losses_two) == 5
-    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)
-    # The test set (359 examples) ends in a padded, masked batch that each process reads its half of.
-    assert eval_two["eval_accuracy"] == eval_one["eval_accuracy"]
-    np.testing.assert_allclose(eval_two["eval_loss"], eval_one["eval_loss"], rtol=1e-12, atol=0)
-    params_one, params_two = _params(tmp_path / "one"), _params(tmp_path / "two")
-    assert params_one.keys() == params_two.keys() and any("params" in k for k in params_one)
-    for key, want in params_one.items():
-        got = params_two[key]
-        assert got.dtype == want.dtype and got.shape == want.shape, key
-        if not np.issubdtype(want.dtype, np.floating):  # step counts
-            np.testing.assert_array_equal(got, want, err_msg=key)
-            continue
-        assert want.dtype == np.float64, key
-        scale = max(float(np.max(np.abs(want))), 1e-300)
-        assert np.max(np.abs(got - want)) <= 1e-12 * scale, key
-
-
-def _train(tmp_path, workdir: str, procs: int, mesh_args: list[str], *extra: str) -> None:
-    """train.py on digits (float64) in ``procs`` processes x 8/procs CPU devices, or 1 process x 8."""
-    args = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.log_every_steps=1",
-            "--config.eval_every_steps=100", "--config.checkpoint_every_steps=2",
-            "--config.schedule=constant",  # the cosine schedule's length would differ between the legs' runs
-            *mesh_args, *extra, "--workdir", tmp_path / workdir]
-    if procs == 1:
-        cmd, env = [sys.executable, ROOT / "train.py", *args], child_env(
-            XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    else:
-        cmd = launch_cmd("--nproc", procs, "--devices-per-proc", 8 // procs, "--collective-timeout-s", 60,
-                         ROOT / "train.py", *args)
-        env = child_env()
-    run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-
-
-FSDP8 = ["--config.parallel.mode=fsdp", "--config.parallel.mesh=fsdp=8"]
-DP2_TP4 = ["--config.parallel.mode=dp_tp", "--config.parallel.mesh=data=2,tensor=4"]
-
-
-def test_checkpoint_restores_on_another_process_count_and_mesh(tmp_path):
-    """One run in three legs: 2 processes (fsdp=8) to step 2, resumed by 1 process (data=2 x tensor=4) to step 4,
-    resumed by 2 processes (fsdp=8) to step 6. It follows an uninterrupted 1-process run's trajectory (the losses of
-    every step, final parameters and optimizer state; float64)."""
-    _train(tmp_path, "run", 2, FSDP8, "--config.num_steps=2")
-    saved = _params(tmp_path / "run")
-    _train(tmp_path, "run", 1, DP2_TP4, "--config.num_steps=4", "--config.resume=True")
-    _train(tmp_path, "run", 2, FSDP8, "--config.num_steps=6", "--config.resume=True")
-    _train(tmp_path, "straight", 1, DP2_TP4, "--config.num_steps=6")
-    losses_resumed, _ = _metrics(tmp_path / "run")
-    losses_straight, _ = _metrics(tmp_path / "straight")
-    np.testing.assert_allclose(losses_resumed, losses_straight, rtol=1e-12, atol=0)
-    resumed, straight = _params(tmp_path / "run"), _params(tmp_path / "straight")
-    assert len(losses_resumed) == 6 and resumed.keys() == straight.keys() == saved.keys()
-    for key, want in straight.items():
-        if np.issubdtype(want.dtype, np.floating):
-            scale = max(float(np.max(np.abs(want))), 1e-300)
-            assert np.max(np.abs(resumed[key] - want)) <= 1e-12 * scale, key
-        else:
-            np.testing.assert_array_equal(resumed[key], want, err_msg=key)
 
 
 def test_distributed_benchmark_runs_under_the_launcher(tmp_path):
@@ -487,12 +442,11 @@ def test_distributed_benchmark_runs_under_the_launcher(tmp_path):
 
 
 @pytest.mark.parametrize("mode,mesh", [("dp", "data=8"), ("pp", "stage=2,data=4")])
-def test_two_processes_train_as_one_with_dp_and_the_pipeline(tmp_path, mode, mesh):
+def test_two_processes_train_as_one_with_dp_and_the_pipeline(tmp_path, x64, mode, mesh):
     """dp over data=8, and the pipeline over stage=2 x data=4 (stages across the processes): 2 processes x 4
     devices give the losses and final parameters of 1 process x 8 (float64)."""
-    common = ["--config", ROOT / "configs" / "digits.py", "--config.dtype=float64", "--config.num_steps=4",
-              "--config.log_every_steps=1", "--config.global_batch_size=32", f"--config.parallel.mode={mode}",
-              f"--config.parallel.mesh={mesh}"]
+    common = ["--config.dtype=float64", "--config.num_steps=4", "--config.log_every_steps=1",
+              "--config.global_batch_size=32", f"--config.parallel.mode={mode}", f"--config.parallel.mesh={mesh}"]
     train_one_and_two(tmp_path, common)
     losses_one, losses_two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
     assert len(losses_one) == 4

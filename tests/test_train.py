@@ -22,6 +22,7 @@ from snnjax.models import create_model
 from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
 from snnjax.parallel.pipeline_plan import choose_microbatches
 from snnjax.train import base_config, train_and_evaluate, validate
+from snnjax.train.checkpoint import CheckpointError
 from snnjax.train.config import source_kwargs
 from snnjax.train.step import StepConfig, TrainState, classification_loss, eval_step, split_model, train_step
 
@@ -112,27 +113,36 @@ def test_pipeline_run_trains_and_checkpoints(tmp_path):
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [10, 20]
 
 
-def test_killed_run_resumes_bitwise_equal(tmp_path):
-    overrides = ["--config.num_steps=400", "--config.checkpoint_every_steps=25", "--config.log_every_steps=50",
-                 "--config.parallel.mode=none", "--config.data.encoder=poisson"]
-    full = tmp_path / "full"
-    assert run_train(full, *overrides).returncode == 0
+def digits_run(**overrides):
+    """``configs/digits.py`` with ``overrides`` (dotted keys), and the same as ``--config.KEY=VALUE`` flags."""
+    c = load_config("digits")
+    c.lock()  # a misspelt key is an error, not a new key
+    c.update_from_flattened_dict(overrides)
+    c.unlock()
+    return c, [f"--config.{k}={v}" for k, v in overrides.items()]
 
+
+def test_killed_run_resumes_bitwise_equal(tmp_path):
+    """train.py SIGKILLed after its first checkpoint; that workdir resumed (here, in-process: the same
+    ``train_and_evaluate``) ends bitwise equal to an uninterrupted run, Poisson spikes included."""
+    c, flags = digits_run(**{"num_steps": 300, "checkpoint_every_steps": 100, "log_every_steps": 50,
+                             "eval_every_steps": 1000, "parallel.mode": "none", "data.encoder": "poisson"})
     part = tmp_path / "part"
-    proc = start_until_checkpoint(train_cmd(part, *overrides), part, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+    proc = start_until_checkpoint(train_cmd(part, *flags), part, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (part / "summary.json").exists()
 
-    resumed = run_train(part, *overrides, "--config.resume=True")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full = tmp_path / "full"
+    train_and_evaluate(c, full)
+    c.resume = True
+    train_and_evaluate(c, part)
     a, b = final_state(full), final_state(part)
     assert a.keys() == b.keys() and len(a) > 3
     for k in a:
         assert np.array_equal(a[k], b[k]), k
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, part))
-    assert sa["eval_accuracy"] == sb["eval_accuracy"] and sa["steps"] == sb["steps"] == 400
+    assert sa["eval_accuracy"] == sb["eval_accuracy"] and sa["steps"] == sb["steps"] == 300
 
 
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
@@ -359,8 +369,8 @@ def test_missing_data_directory(tmp_path):
 
 
 def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
-    assert run_train(tmp_path, "--config.num_steps=20", "--config.checkpoint_every_steps=10",
-                     "--config.parallel.mode=none").returncode == 0
+    c, _ = digits_run(**{"num_steps": 20, "checkpoint_every_steps": 10, "parallel.mode": "none"})
+    train_and_evaluate(c, tmp_path)
     latest = tmp_path / "checkpoints" / "20"
     for f in (latest / "state").rglob("*"):
         if f.is_file():
@@ -373,12 +383,14 @@ def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
 
 
 def test_resume_without_checkpoint_and_fresh_run_over_checkpoints(tmp_path):
-    result = run_train(tmp_path, "--config.resume=True", "--config.parallel.mode=none")
-    assert result.returncode == 1 and "holds no checkpoint" in result.stderr
-    assert run_train(tmp_path, "--config.num_steps=5", "--config.parallel.mode=none").returncode == 0
+    c, _ = digits_run(**{"num_steps": 5, "parallel.mode": "none", "resume": True})
+    with pytest.raises(CheckpointError, match="holds no checkpoint; run without --config.resume=True"):
+        train_and_evaluate(c, tmp_path)
+    c.resume = False
+    train_and_evaluate(c, tmp_path)
     before = tree_hash(tmp_path / "checkpoints")
-    result = run_train(tmp_path, "--config.num_steps=5", "--config.parallel.mode=none")
-    assert result.returncode == 1 and "already holds checkpoints" in result.stderr
+    with pytest.raises(CheckpointError, match="already holds checkpoints; pass --config.resume=True"):
+        train_and_evaluate(c, tmp_path)
     assert tree_hash(tmp_path / "checkpoints") == before
 
 
