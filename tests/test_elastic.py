@@ -1,10 +1,13 @@
-"""Elastic runs under ``python -m snnjax.launch``: stop agreement, restarts, shrinking, hang detection, and
-checkpoints restored on another process count and mesh.
+"""Jobs of several processes, most under ``python -m snnjax.launch``: 2 processes train as 1 does (fsdp x tensor, dp,
+the pipeline), stop agreement, restarts, shrinking, hang detection, checkpoints restored on another process count and
+mesh, SLURM preemption.
 
 Every job is the digits MLP in float64 on 2 processes x 4 CPU devices (FSDP across the processes, tensor
-parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted job the interrupted ones must
-reproduce bitwise, and that 1 process x 8 devices reproduces to rounding.
+parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted job: the interrupted ones must
+reproduce it bitwise, 1 process x 8 devices and the other layouts to rounding.
 """
+import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -17,11 +20,14 @@ import sys
 import time
 from typing import NamedTuple
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
-from test_launch import ROOT, _metrics, _params, child_env, launch_cmd, train_one_process
+from test_launch import ROOT, child_env, launch_cmd
 
 from snnjax import launch
+from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import complete_steps
 
 STEPS = 60  # long enough that a signal sent once the step has compiled lands mid-run on a fast machine
@@ -43,6 +49,52 @@ def train_args(**changes) -> list:
 TRAIN = train_args()
 QUIET = train_args(log_every_steps=100000)  # no logging step for the processes to agree at
 TWO = ["--nproc", 2, "--devices-per-proc", 4]
+
+
+def arrays(workdir: pathlib.Path, step: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays of checkpoint ``step`` (default: the final one) as numpy (restorable whatever devices saved them)."""
+    checkpoints = workdir / "checkpoints"
+    if step is None:
+        step = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    path = checkpoints / str(step) / "state"
+    checkpointer = ocp.PyTreeCheckpointer()
+    metadata = checkpointer.metadata(path)
+    metadata = getattr(metadata, "item_metadata", metadata)
+    metadata = getattr(metadata, "tree", metadata)
+    restored = checkpointer.restore(path, restore_args=jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata))
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
+
+
+def metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
+    """Every logged training loss, and the last evaluation."""
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [r["train_loss"] for r in rows if "train_loss" in r], [r for r in rows if "eval_loss" in r][-1]
+
+
+def digits_config(flags: list[str]):
+    """``configs/digits.py`` with ``--config.KEY=VALUE`` flags applied, as train.py applies them."""
+    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.lock()  # a misspelt key is an error, as in train.py
+    for flag in flags:
+        key, value = flag.removeprefix("--config.").split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):  # a word or a mesh spec: a string
+            pass
+        c.update_from_flattened_dict({key: value})
+    return c
+
+
+def train_one_process(workdir: pathlib.Path, flags: list[str]) -> None:
+    """train.py's run of ``configs/digits.py`` with ``flags`` as 1 process x 8 devices: in this process (float64
+    under the ``x64`` fixture)."""
+    c = digits_config(flags)
+    assert c.dtype != "float64" or jax.config.read("jax_enable_x64")
+    train_and_evaluate(c, workdir)
 
 
 def start(tmp_path, name: str, *launcher_args, train=TRAIN, script=ROOT / "train.py") -> subprocess.Popen:
@@ -122,7 +174,7 @@ def reference(tmp_path_factory) -> Reference:
     tmp_path = tmp_path_factory.mktemp("reference")
     code, out = finish(start(tmp_path, "run", *TWO, train=train_args(log_every_steps=1)), tmp_path, "run")
     assert code == 0, out[-3000:]
-    return Reference(out, tmp_path / "run", _params(tmp_path / "run"))
+    return Reference(out, tmp_path / "run", arrays(tmp_path / "run"))
 
 
 def test_two_processes_train_as_one(tmp_path, reference, x64):
@@ -132,33 +184,34 @@ def test_two_processes_train_as_one(tmp_path, reference, x64):
     assert "fsdp=4 x tensor=2" in reference.out
     train_one_process(tmp_path / "one", overrides(log_every_steps=1))
 
-    losses_one, eval_one = _metrics(tmp_path / "one")
-    losses_two, eval_two = _metrics(reference.workdir)
+    losses_one, eval_one = metrics(tmp_path / "one")
+    losses_two, eval_two = metrics(reference.workdir)
     assert len(losses_one) == len(losses_two) == STEPS
     np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)
     # The test set (359 examples) ends in a padded, masked batch that each process reads its half of.
     assert eval_two["eval_accuracy"] == eval_one["eval_accuracy"]
     np.testing.assert_allclose(eval_two["eval_loss"], eval_one["eval_loss"], rtol=1e-12, atol=0)
-    params_one = _params(tmp_path / "one")
+    params_one = arrays(tmp_path / "one")
     assert all(v.dtype == np.float64 for v in params_one.values() if np.issubdtype(v.dtype, np.floating))
     assert_close(reference.params, params_one)
 
 
 def test_checkpoint_restores_on_another_process_count_and_mesh(tmp_path, reference, x64):
     """The reference's checkpoint of step 20 (2 processes, fsdp=4 x tensor=2) resumed by 1 process x 8 devices (here,
-    in-process; data=2 x tensor=4) to step 40, then by 2 processes again (fsdp=8) to the end, follows the
-    uninterrupted job's trajectory: the loss of every step, the final parameters and optimizer state."""
+    in-process; data=2 x tensor=4) to step 40, then by 2 processes under the pipeline (stage=2 x data=4, the stages
+    across the processes) to the end, follows the uninterrupted job's trajectory: the loss of every step, the final
+    parameters and optimizer state."""
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     shutil.copytree(reference.workdir / "checkpoints" / "20", tmp_path / "run" / "checkpoints" / "20")
     train_one_process(tmp_path / "run", overrides(**{"num_steps": 40, "log_every_steps": 1, "resume": True,
                                                      "parallel.mode": "dp_tp", "parallel.mesh": "data=2,tensor=4"}))
-    fsdp8 = train_args(**{"log_every_steps": 1, "resume": True, "parallel.mode": "fsdp", "parallel.mesh": "fsdp=8"})
-    code, out = finish(start(tmp_path, "run", *TWO, train=fsdp8), tmp_path, "run")
-    assert code == 0 and "resuming at step 40" in out, out[-3000:]
+    pp = train_args(**{"log_every_steps": 1, "resume": True, "parallel.mode": "pp", "parallel.mesh": "stage=2,data=4"})
+    code, out = finish(start(tmp_path, "run", *TWO, train=pp), tmp_path, "run")
+    assert code == 0 and "mode pp on data=4 x stage=2" in out and "resuming at step 40" in out, out[-3000:]
     resumed, straight = losses(tmp_path / "run"), losses(reference.workdir)
     assert sorted(resumed) == list(range(21, STEPS + 1))
     np.testing.assert_allclose([resumed[s] for s in resumed], [straight[s] for s in resumed], rtol=1e-12, atol=0)
-    assert_close(_params(tmp_path / "run"), reference.params)
+    assert_close(arrays(tmp_path / "run"), reference.params)
 
 
 def test_sigterm_saves_one_step_then_a_killed_process_restarts_the_resumed_job(tmp_path, reference):
@@ -195,7 +248,7 @@ def test_sigterm_saves_one_step_then_a_killed_process_restarts_the_resumed_job(t
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["restarts"] == [{"attempt": 1, "processes": 2, "resumed_step": resumed,
                                     "cause": re.search(r"after (rank 1 [^:]*):", out).group(1)}]
-    assert_bitwise(_params(tmp_path / "run"), reference.params)
+    assert_bitwise(arrays(tmp_path / "run"), reference.params)
 
 
 def test_a_stopped_process_is_reported_with_its_stack_and_ended(tmp_path):
@@ -257,7 +310,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path, x64):
     two, one = losses(tmp_path / "run"), losses(tmp_path / "one")
     assert sorted(one) == list(range(1, 11))
     np.testing.assert_allclose([two[s] for s in one], [one[s] for s in one], rtol=1e-12, atol=0)
-    assert_close(_params(tmp_path / "run", 10), _params(tmp_path / "one", 10))
+    assert_close(arrays(tmp_path / "run", 10), arrays(tmp_path / "one", 10))
 
     # The same checkpoint resumed by one process with 4 devices, no launcher.
     (tmp_path / "alone" / "checkpoints").mkdir(parents=True)
@@ -271,7 +324,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path, x64):
                                                                                         tmp_path / "alone"))
     assert sorted(shrunk) == sorted(single) == list(range(resumed + 1, 61))
     assert shrunk == single
-    assert _metrics(tmp_path / "run")[1]["eval_loss"] == _metrics(tmp_path / "alone")[1]["eval_loss"]
+    assert metrics(tmp_path / "run")[1]["eval_loss"] == metrics(tmp_path / "alone")[1]["eval_loss"]
 
 
 def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
@@ -307,4 +360,4 @@ def test_slurm_preemption_then_requeue_on_fewer_nodes(tmp_path, reference):
                               capture_output=True, text=True, timeout=300)
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert "fsdp=2 x tensor=2" in requeued.stdout and f"resuming at step {step}" in requeued.stdout
-    assert_close(_params(tmp_path / "run"), reference.params)  # another layout for the last steps
+    assert_close(arrays(tmp_path / "run"), reference.params)  # another layout for the last steps

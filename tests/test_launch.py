@@ -1,6 +1,9 @@
-"""Multi-process runs: ``snnjax.distributed.initialize``, the local launcher, and 2 processes training as 1 does."""
-import ast
-import importlib.util
+"""Multi-process runs: ``snnjax.distributed.initialize``, the local launcher, a stuck process, the distributed
+benchmark.
+
+Training jobs of several processes (2 processes train as 1 does, restarts, checkpoints across process counts) are
+tests/test_elastic.py's.
+"""
 import json
 import os
 import pathlib
@@ -13,14 +16,12 @@ import warnings
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from snnjax import distributed, launch, xla_options
 from snnjax.data.loader import Loader, process_slice
 from snnjax.data.source import ArraySource
 from snnjax.parallel import mesh as mesh_lib
-from snnjax.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLUSTER_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
@@ -370,66 +371,6 @@ def test_a_stuck_process_ends_the_job_within_the_collective_timeout(tmp_path):
     assert took < 30, f"the job took {took:.0f} s to end with a {timeout_s} s collective timeout"
 
 
-def _params(workdir: pathlib.Path, step: int | None = None) -> dict[str, np.ndarray]:
-    """The arrays of checkpoint ``step`` (default: the final one) as numpy (restorable whatever devices saved them)."""
-    checkpoints = workdir / "checkpoints"
-    if step is None:
-        step = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
-    path = checkpoints / str(step) / "state"
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(path)
-    metadata = getattr(metadata, "item_metadata", metadata)
-    metadata = getattr(metadata, "tree", metadata)
-    restored = checkpointer.restore(path, restore_args=jax.tree.map(
-        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata))
-    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
-
-
-def _metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["train_loss"] for r in rows if "train_loss" in r]
-    evals = [r for r in rows if "eval_loss" in r]
-    return losses, evals[-1]
-
-
-def digits_config(overrides: list[str]):
-    """``configs/digits.py`` with ``--config.KEY=VALUE`` overrides applied, as train.py would."""
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.lock()  # a misspelt key is an error, as in train.py
-    for flag in overrides:
-        key, value = flag.removeprefix("--config.").split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):  # a word or a mesh spec: a string
-            pass
-        c.update_from_flattened_dict({key: value})
-    return c
-
-
-def train_one_process(workdir: pathlib.Path, overrides: list[str]) -> None:
-    """train.py's run of ``configs/digits.py`` with ``overrides`` as 1 process x 8 devices: in this process (float64
-    under the ``x64`` fixture)."""
-    c = digits_config(overrides)
-    assert c.dtype != "float64" or jax.config.read("jax_enable_x64")
-    train_and_evaluate(c, workdir)
-
-
-def train_one_and_two(tmp_path, overrides) -> subprocess.CompletedProcess:
-    """train.py on ``configs/digits.py`` with ``overrides`` as 1 process x 8 devices (``tmp_path/one``, in this
-    process) and under the launcher as 2 processes x 4 (``tmp_path/two``); both must succeed. Returns the launched
-    run."""
-    train_one_process(tmp_path / "one", overrides)
-    two = subprocess.run(launch_cmd("--nproc", 2, "--devices-per-proc", 4, "--collective-timeout-s", 60,
-                                    ROOT / "train.py", "--config", ROOT / "configs" / "digits.py", *overrides,
-                                    "--workdir", tmp_path / "two"),
-                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    return two
-
-
 def test_distributed_benchmark_runs_under_the_launcher(tmp_path):
     """2 processes x 4 devices: one record, written by rank 0, that counts both processes."""
     bench = ["--model", "mlp", "--mode", "dp", "--mesh", "data=8", "--batch-size", "8", "--T", "2", "--steps", "2",
@@ -440,18 +381,3 @@ def test_distributed_benchmark_runs_under_the_launcher(tmp_path):
     assert two.returncode == 0, two.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "dist.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["process_count"] == 2 and records[0]["device_count"] == 8
-
-
-def test_two_processes_train_as_one_with_the_pipeline(tmp_path, x64):
-    """The pipeline over stage=2 x data=4 (stages across the processes): 2 processes x 4 devices give the losses and
-    final parameters of 1 process x 8 (float64). (dp over 2 processes: tests/test_elastic.py, the lost process.)"""
-    common = ["--config.dtype=float64", "--config.num_steps=4", "--config.log_every_steps=1",
-              "--config.global_batch_size=32", "--config.parallel.mode=pp", "--config.parallel.mesh=stage=2,data=4"]
-    train_one_and_two(tmp_path, common)
-    losses_one, losses_two = _metrics(tmp_path / "one")[0], _metrics(tmp_path / "two")[0]
-    assert len(losses_one) == 4
-    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-12, atol=0)
-    params_one, params_two = _params(tmp_path / "one"), _params(tmp_path / "two")
-    assert params_one.keys() == params_two.keys()
-    for key, want in params_one.items():
-        np.testing.assert_allclose(params_two[key], want, rtol=1e-12, atol=1e-15, err_msg=key)
