@@ -1,7 +1,8 @@
 """Faults a long run meets: a preemption signal, a NaN/inf step, a checkpoint that cannot be written.
 
-Every run is the digits MLP for a few steps on one device; ``reference`` is the
-uninterrupted run the interrupted ones must reproduce bitwise.
+Every run is the digits MLP for a few steps on one device (a pipeline where said), in-process; ``reference``
+is the uninterrupted run the interrupted ones must reproduce bitwise. SIGTERM stops a train.py process, whose
+workdir resumes in-process to equal an uninterrupted run of its own.
 """
 import errno
 import importlib.util

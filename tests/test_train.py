@@ -376,9 +376,10 @@ def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
         if f.is_file():
             f.write_bytes(b"not a checkpoint")
     before = tree_hash(tmp_path / "checkpoints")
-    c.num_steps, c.resume = 30, True  # train.py prints this error in one line and exits 1 (test_missing_data_directory)
-    with pytest.raises(CheckpointError, match=f"checkpoint {latest} could not be restored"):
+    c.num_steps, c.resume = 30, True  # (train.py prints such an error in one line: test_missing_data_directory)
+    with pytest.raises(CheckpointError, match="could not be restored") as error:
         train_and_evaluate(c, tmp_path)
+    assert f"checkpoint {latest} could not" in str(error.value)
     assert tree_hash(tmp_path / "checkpoints") == before
 
 
