@@ -1,7 +1,8 @@
 """SpikingJelly interop: the reference-file checker and its command line (any file in the format), and weight import.
 
 - ``python -m snnjax.interop check`` passes every shipped neuron case, reads any file in the
-  format, reports a flipped spike and missing files.
+  format, reports a flipped spike (its ``main`` called in this process) and missing files (a
+  subprocess: the module's exit code).
 - Both shipped model cases (VGG, Spikformer) with their neurons on ``xla`` (the path of every
   multi-device layout) and ``native`` (``auto`` on one CPU device): eval / train logits, loss,
   every parameter gradient and the BatchNorm statistics after the step.
@@ -9,17 +10,21 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_zoo import quick_compiles
 
 from snnjax.interop import check
+from snnjax.interop.__main__ import main as interop_main
 from snnjax.interop.spikingjelly import import_state_dict
 from snnjax.models import CIFAR10DVSVGG, Spikformer
 from snnjax.neurons.compare import REFERENCE, run_vjp
@@ -27,31 +32,47 @@ from snnjax.neurons.compare import REFERENCE, run_vjp
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "models.npz"
 
 
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def run_check(path) -> tuple[int, list[dict]]:
-    """``python -m snnjax.interop check PATH``: its exit code and JSON lines (a subprocess: x64 is process-wide)."""
+    """``python -m snnjax.interop check PATH`` in a subprocess: its exit code and JSON lines."""
     proc = subprocess.run([sys.executable, "-m", "snnjax.interop", "check", str(path)],
                           capture_output=True, text=True, timeout=900)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return proc.returncode, lines
+    return proc.returncode, _json_lines(proc.stdout)
 
 
-def test_cli_passes_every_shipped_neuron_case(reference_dir):
-    code, lines = run_check(reference_dir / "neurons.npz")
+def check_here(path, capsys) -> tuple[int, list[dict]]:
+    """The same command line's ``main`` in this process; the x64 and PRNG settings it makes are restored after."""
+    saved = {name: getattr(jax.config, name) for name in ("jax_enable_x64", "jax_default_prng_impl")}
+    try:
+        code = interop_main(["check", str(path)])
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
+    return code, _json_lines(capsys.readouterr().out)
+
+
+def test_cli_passes_every_shipped_neuron_case(reference_dir, capsys):
+    code, lines = check_here(reference_dir / "neurons.npz", capsys)
     assert lines[-1] == {"cases": 69, "failed": 0}, lines[-1]
     assert code == 0
     assert all(line["ok"] and line["spike_mismatches"] == 0 for line in lines[:-1])
 
 
 @pytest.mark.parametrize("impl", ["xla", "native"])
-def test_models_match_spikingjelly(impl, x64):
-    """Both models: eval/train logits, loss, every parameter gradient, BN statistics after the step."""
+@pytest.mark.parametrize("name", ["vgg", "spikformer"])
+def test_models_match_spikingjelly(name, impl, x64):
+    """Eval/train logits, loss, every parameter gradient, BN statistics after the step. Spikformer's programs
+    compile with ``test_zoo.quick_compiles`` (VGG's convolutions run longer unoptimised than they compile)."""
     cases, arrays = check.load(FIXTURE)
-    results = dict(check.iter_cases(cases, arrays, impl))
-    assert set(results) == {"vgg", "spikformer"}
-    for name, r in results.items():
-        assert r["ok"], (name, r)
-        assert r["grads_missing"] == 0 and r["grads_checked"] > 30
-        assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
+    assert set(cases) == {"vgg", "spikformer"}
+    with quick_compiles() if name == "spikformer" else contextlib.nullcontext():
+        r = check.check_model_case(cases[name], check.case_arrays(arrays, f"{name}/"), impl)
+    assert r["ok"], r
+    assert r["grads_missing"] == 0 and r["grads_checked"] > 30
+    assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
 
 
 def _write_neuron_file(path: pathlib.Path, cases, rng, T=3, shape=(2, 5, 4)):
@@ -73,7 +94,7 @@ def _write_neuron_file(path: pathlib.Path, cases, rng, T=3, shape=(2, 5, 4)):
     return arrays
 
 
-def test_checker_reads_any_file_in_the_format_and_detects_a_flipped_spike(tmp_path, x64):
+def test_checker_reads_any_file_in_the_format_and_detects_a_flipped_spike(tmp_path, x64, capsys):
     cases = [
         dict(kind="IF", v_threshold=0.7, v_reset=None, detach_reset=False, surrogate="piecewise_quadratic1"),
         dict(kind="LIF", tau=3.0, decay_input=False, v_threshold=1.0, v_reset=-0.2, detach_reset=False,
@@ -83,13 +104,13 @@ def test_checker_reads_any_file_in_the_format_and_detects_a_flipped_spike(tmp_pa
     ]
     path = tmp_path / "mine.npz"
     arrays = _write_neuron_file(path, cases, np.random.default_rng(0))
-    code, lines = run_check(path)
+    code, lines = check_here(path, capsys)
     assert code == 0 and lines[-1] == {"cases": 3, "failed": 0}, lines
 
     flip = np.array(arrays["case001/spikes"])
     flip.flat[np.argmax(flip.ravel() == 0)] = 1.0
     np.savez(path, **{**arrays, "case001/spikes": flip})
-    code, lines = run_check(path)
+    code, lines = check_here(path, capsys)
     assert code == 1 and lines[-1] == {"cases": 3, "failed": 1}
     assert lines[1]["spike_mismatches"] == 1 and not lines[1]["ok"]
 

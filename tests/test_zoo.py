@@ -1,8 +1,15 @@
 """The model zoo (Spiking ResNet, SEW-ResNet, SpikingJelly's parametric-LIF nets, MS-ResNet): architectures, layers,
-losses, weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``, ``ms_resnet.npz``)
-with the xla and native neuron implementations."""
+losses, weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``, ``ms_resnet.npz``):
+every case with the xla neuron implementation, and with native one case per family and per neuron kind (IF, PLIF,
+LIF). ``tests/test_neuron_impls.py`` compares xla, native and pallas on every neuron case.
+
+``quick_compiles`` (used by the zoo's test modules): XLA:CPU without its expensive optimisations, so the models'
+programs compile about twice as fast; they compute the same values to rounding, far below every tolerance here.
+"""
 from __future__ import annotations
 
+import contextlib
+import functools
 import pathlib
 
 import jax
@@ -22,6 +29,28 @@ from snnjax.train.step import classification_loss
 
 ZOO = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "zoo.npz"
 MS_RESNET = ZOO.with_name("ms_resnet.npz")
+ZOO_CASES = ("spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net")
+MS_CASES = ("ms_resnet", "ms_resnet_plif", "max_resnet")
+# native: Spiking ResNet (IF), the voting net (PLIF), MS-ResNet (LIF with the Rect surrogate)
+GOLDEN = [(name, "xla") for name in ZOO_CASES + MS_CASES] + [
+    (name, "native") for name in ("spiking_resnet18", "dvsgesture_net", "ms_resnet")]
+
+
+@contextlib.contextmanager
+def quick_compiles():
+    """``jax_disable_most_optimizations`` for a block, the previous setting restored after."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quick_compiles():
+    with quick_compiles():
+        yield
 
 
 def n_params(model):
@@ -188,21 +217,26 @@ def test_ms_resnet_import_covers_every_variable_and_names_the_problem():
         import_state_dict(m, {**sd, "layer1.0.sn1.w": np.zeros(())}, dtype=jnp.float32)
 
 
-@pytest.mark.parametrize("impl,names", [("xla", ("spiking_resnet18", "dvsgesture_net", "ms_resnet")),
-                                        ("native", ("sew_resnet18_add", "sew_resnet50_iand", "ms_resnet_plif"))])
-def test_zoo_matches_spikingjelly(impl, names, x64):
-    """Every family: eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics. Each
-    case runs with one implementation here (the suite's time), Max-ResNet's (``max_resnet``: the MS-ResNet blocks
-    with pooling transitions) with none; ``python -m snnjax.interop check`` runs all with either."""
-    cases, arrays = check.load(ZOO)
-    assert set(cases) == {"spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net"}
-    ms_cases, ms_arrays = check.load(MS_RESNET)
-    assert set(ms_cases) == {"ms_resnet", "ms_resnet_plif", "max_resnet"}
-    assert all(c["min_neuron_rate_train"] > 0 for c in ms_cases.values())  # every neuron layer fires, the head's too
-    results = dict(check.iter_cases({name: cases[name] for name in names if name in cases}, arrays, impl))
-    results.update(check.iter_cases({name: ms_cases[name] for name in names if name in ms_cases}, ms_arrays, impl))
-    assert set(results) == set(names)
-    for name, r in results.items():
-        assert r["ok"], (name, r)
-        assert r["grads_missing"] == 0 and r["grads_checked"] > 20
-        assert r["logits_train"] < 1e-12 and r["bn_state_max"] < 1e-12
+@functools.cache
+def _golden(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
+    cases, arrays = check.load(path)
+    with arrays:
+        return cases, dict(arrays)
+
+
+def test_golden_cases_are_all_listed():
+    """``GOLDEN`` checks every case of both files; every MS-ResNet neuron layer fires in the reference."""
+    assert set(_golden(ZOO)[0]) == set(ZOO_CASES)
+    ms_cases = _golden(MS_RESNET)[0]
+    assert set(ms_cases) == set(MS_CASES)
+    assert all(c["min_neuron_rate_train"] > 0 for c in ms_cases.values())  # the head's neurons too
+
+
+@pytest.mark.parametrize("name,impl", GOLDEN)
+def test_zoo_matches_spikingjelly(name, impl, x64):
+    """Eval/train outputs, loss (CE; MSE for the voting net), every gradient, BN statistics."""
+    cases, arrays = _golden(ZOO if name in ZOO_CASES else MS_RESNET)
+    r = check.check_model_case(cases[name], check.case_arrays(arrays, f"{name}/"), impl)
+    assert r["ok"], r
+    assert r["grads_missing"] == 0 and r["grads_checked"] > 20
+    assert r["logits_train"] < 1e-12 and r["bn_state_max"] < 1e-12

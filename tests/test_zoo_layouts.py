@@ -3,10 +3,10 @@
 One small model per family (SEW-ResNet with PLIF neurons, a parametric-LIF voting net with
 shared-over-time dropout and the MSE rate loss, MS-ResNet with its LIF and Rect surrogate), each trained
 three Adam steps under dp, fsdp_tp, a 1F1B pipeline over stage=2 with data x tensor inside (against one
-device with the same microbatching), and time x data x tensor (Spiking ResNet with IF neurons: the last
-only): the first step's loss and gradients and the
-parameters, optimizer state and BatchNorm statistics after three steps equal one device's
-(relative error <= 1e-9, compared as in ``test_parallel_equivalence``).
+device with the same microbatching), and time x data x tensor: the first step's loss and gradients and
+the parameters, optimizer state and BatchNorm statistics after three steps equal one device's
+(relative error <= 1e-9, compared as in ``test_parallel_equivalence``). Per-unit activation
+checkpointing keeps each family's loss and gradients. Programs compile with ``test_zoo.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+from test_zoo import quick_compiles
 
 from snnjax import parallel
 from snnjax.models import MSResNet, ParametricLIFNet, ResNet, remat
@@ -27,11 +28,14 @@ from snnjax.train.step import StepConfig
 
 SHAPE = (2, BATCH, 16, 16, 2)
 MICROBATCHES = 2
+# per-unit checkpoint policy and spike storage
+CHECKPOINTING = {"sew_resnet": ("units", "int8"), "plif_net": ("units", "int8"), "ms_resnet": ("spikes", "bits")}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _float64(x64_module):
-    yield
+    with quick_compiles():
+        yield
     _run.cache_clear()
     _setup.cache_clear()
 
@@ -39,8 +43,10 @@ def _float64(x64_module):
 def build(family: str):
     kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
     if family == "plif_net":
-        return ParametricLIFNet(stages=2, channels=4, hidden_features=8, image_size=16, num_classes=10,
-                                voting_size=2, dropout=0.25, **kw)
+        model = ParametricLIFNet(stages=2, channels=4, hidden_features=8, image_size=16, num_classes=10,
+                                 voting_size=2, dropout=0.25, **kw)
+        model.fc1.kernel[...] = 3.0 * model.fc1.kernel[...]  # the 8-unit hidden layer fires: no gradient is zero
+        return model
     if family == "ms_resnet":  # 3 stages of 4, 8, 16 channels: stem, 3 blocks, head
         model = MSResNet(T=2, stage_blocks=(1, 1, 1), base_channels=4, stem_kernel_size=3, stem_stride=1,
                          in_channels=2, num_classes=10, **kw)
@@ -48,20 +54,22 @@ def build(family: str):
             for blk in stage:
                 blk.bn2.scale[...] = jnp.full_like(blk.bn2.scale[...], 0.5)
         return model
-    cnf, neuron = ("ADD", "PLIF") if family == "sew_resnet" else (None, "IF")
-    return ResNet(depth=18, cnf=cnf, widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
-                  num_classes=10, neuron=neuron, **kw)
+    return ResNet(depth=18, cnf="ADD", widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
+                  num_classes=10, neuron="PLIF", **kw)
 
 
 @functools.cache
-def _setup(family: str):
-    return initial_state(build(family), SHAPE)
+def _setup(family: str, checkpointed: bool = False):
+    model = build(family)
+    if checkpointed:
+        remat.configure(model, *CHECKPOINTING[family])
+    return initial_state(model, SHAPE)
 
 
 @functools.cache
-def _run(family: str, layout: str | None, accum: int = 1):
+def _run(family: str, layout: str | None, accum: int = 1, checkpointed: bool = False):
     """``(first-step metrics with grads, state after 3 steps)`` under ``layout`` (None: one device)."""
-    model, graphdef, tx, host_state, x, y = _setup(family)
+    model, graphdef, tx, host_state, x, y = _setup(family, checkpointed)
     host_state = jax.tree.map(lambda a: a.copy(), host_state)
     loss = "mse" if family == "plif_net" else "ce"
     cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True, loss=loss,
@@ -86,9 +94,7 @@ def _run(family: str, layout: str | None, accum: int = 1):
 
 # pp and the time split each with data x tensor inside (the combination), besides dp and fsdp_tp.
 LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2,data=2,tensor=2:pp", "time=2,data=2,tensor=2"]
-# Spiking ResNet is the same class as SEW-ResNet (another cnf and neuron): it runs under the time combination only.
-CASES = [(f, layout) for f in ("sew_resnet", "plif_net", "ms_resnet") for layout in LAYOUTS] + [
-    ("spiking_resnet", LAYOUTS[-1])]
+CASES = [(f, layout) for f in ("sew_resnet", "plif_net", "ms_resnet") for layout in LAYOUTS]
 
 
 @pytest.mark.parametrize("family,layout", CASES)
@@ -105,29 +111,14 @@ def test_layout_matches_single_device(family, layout):
     assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
 
 
-CHECKPOINTING = {"sew_resnet": ("units", "int8"), "plif_net": ("units", "int8"), "ms_resnet": ("spikes", "bits")}
-
-
 @pytest.mark.parametrize("family", list(CHECKPOINTING))
-def test_units_checkpointing_keeps_the_gradients(family):
-    """Per-unit activation checkpointing (``remat``, spikes kept compressed) gives the same gradients, in train
-    mode (batch statistics: the neurons fire, so the gradients are not zero) with dropout switched off (both
-    runs must see the same function)."""
-    x = (jax.random.uniform(jax.random.key(1), SHAPE) < 0.4).astype(jnp.float64) * 1.5
-    model = build(family)
-    if family == "plif_net":  # its 8-unit hidden layer is silent at init: louder, so every gradient is non-zero
-        model.fc1.kernel[...] = 3.0 * model.fc1.kernel[...]
-    model.train()
-    for _, module in nnx.iter_modules(model):
-        if isinstance(module, nnx.Dropout):
-            module.deterministic = True
-
-    def loss(m):  # not flat at a silent head (zero rates), as a squared output would be
-        return jnp.sum((m(x).mean(0) - 0.5) ** 2)
-
-    ref = jax.tree.leaves(nnx.jit(nnx.grad(loss))(model))
-    assert all(float(jnp.abs(r).sum()) > 0 for r in ref), "a gradient is zero: the test would not see a change"
-    remat.configure(model, *CHECKPOINTING[family])
-    got = jax.tree.leaves(nnx.jit(nnx.grad(loss))(model))
-    for g, r in zip(got, ref, strict=True):
+def test_units_checkpointing_keeps_the_loss_and_gradients(family):
+    """Per-unit activation checkpointing (``remat``, spikes kept compressed): the first train step on one device
+    (train-mode BatchNorm, dropout on) gives the loss and gradients of the reference above, every gradient non-zero
+    (the neurons fire: a change would show)."""
+    (ref, _), (got, _) = _run(family, None, 1), _run(family, None, 1, True)  # the same reference as above
+    ref_grads = jax.tree.leaves(ref["grads"])
+    assert all(float(np.abs(r).sum()) > 0 for r in ref_grads), "a gradient is zero: the test would not see a change"
+    np.testing.assert_allclose(float(got["loss"]), float(ref["loss"]), rtol=1e-12)
+    for g, r in zip(jax.tree.leaves(got["grads"]), ref_grads, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-12, atol=1e-14)

@@ -5,10 +5,12 @@
 - ``snnjax.interop.spikingjelly`` (the rule tables): every key of each shipped case lands on a variable, the
   gradients cover every parameter, and a checkpoint of another architecture, width, depth or
   neuron stops with an error naming the key.
-- Checkpointing every unit with spikes kept as bits changes neither loss nor gradients.
 - ``tests/fixtures/spikingjelly/transformers.npz`` (``make_reference_transformers.py``): eval and
-  train logits, loss, every gradient and the BatchNorm statistics after a step, with the neurons
-  on ``xla`` and ``native`` (each case with one of them here).
+  train logits, loss, every gradient and the BatchNorm statistics after a step, every case with the
+  neurons on ``xla``, and on ``native`` one case per architecture and neuron kind (SDT with LIF,
+  QKFormer with PLIF; ``tests/test_neuron_impls.py`` compares the implementations on every neuron case).
+
+Programs compile with ``test_zoo.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -20,13 +22,21 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from test_zoo import quick_compiles
 
-from snnjax import layers
 from snnjax.interop import check
 from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
-from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, remat, sdt_8_384
+from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, sdt_8_384
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "transformers.npz"
+CASES = ("sdt", "sdt_events", "qkformer", "qkformer_plif")
+GOLDEN = [(name, "xla") for name in CASES] + [("sdt_events", "native"), ("qkformer_plif", "native")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quick_compiles():
+    with quick_compiles():
+        yield
 
 
 @functools.cache
@@ -111,36 +121,12 @@ def test_import_errors_name_the_problem():
         import_state_dict(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), init)
 
 
-@pytest.mark.parametrize("impl,names", [("xla", ("sdt", "qkformer")), ("native", ("sdt_events", "qkformer_plif"))])
-def test_transformers_match_spikingjelly(impl, names, x64):
-    """Eval/train logits, loss, every parameter gradient, BN statistics after the step. Each impl takes both
-    families, each case one impl (the suite's time; ``python -m snnjax.interop check`` runs all with either)."""
+@pytest.mark.parametrize("name,impl", GOLDEN)
+def test_transformers_match_spikingjelly(name, impl, x64):
+    """Eval/train logits, loss, every parameter gradient, BN statistics after the step."""
     cases, arrays = _fixture()
-    for name in names:
-        r = check.check_model_case(cases[name], check.case_arrays(arrays, f"{name}/"), impl)
-        assert r["ok"], (name, r)
-        assert r["grads_missing"] == 0 and r["grads_checked"] > 30
-        assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12
-
-
-@pytest.mark.parametrize("name", ["sdt", "qkformer"])
-def test_checkpointing_and_bit_spikes_keep_loss_and_gradients(name, x64):
-    """``remat=spikes`` with ``spike_residuals=bits`` (every layer after a neuron keeps its input as bits or int8)
-    recomputes the rest and gives the same loss and gradients as no checkpointing."""
-    kw = dict(T=2, in_channels=2, num_classes=4, rngs=nnx.Rngs(0), dtype=np.float64, param_dtype=np.float64)
-    model = (SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=1, pooling_stat="1100", **kw)
-             if name == "sdt" else QKFormer(embed_dims=16, num_heads=(1, 2, 2), depths=(1, 1, 1), **kw))
-    x = (jax.random.uniform(jax.random.key(1), (2, 3, 16, 16, 2)) < 0.4).astype(np.float64) * 1.5
-    for _, m in nnx.iter_modules(model):  # BatchNorm scales and shifts that make every layer fire
-        if isinstance(m, layers.BatchNorm):
-            m.scale[...], m.bias[...] = 1.5 * m.scale[...], m.bias[...] + 0.3
-
-    def loss_and_grads(model):
-        return nnx.jit(nnx.value_and_grad(lambda m: jax.numpy.sum(jax.numpy.sin(m(x)))))(model)
-
-    ref_loss, ref_grads = loss_and_grads(model)
-    remat.configure(model, remat="spikes", spike_residuals="bits")
-    got_loss, got_grads = loss_and_grads(model)
-    assert float(ref_loss) != 0 and abs(float(got_loss) - float(ref_loss)) <= 1e-12 * abs(float(ref_loss))
-    for g, r in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-9, atol=1e-12)
+    assert set(cases) == set(CASES)
+    r = check.check_model_case(cases[name], check.case_arrays(arrays, f"{name}/"), impl)
+    assert r["ok"], r
+    assert r["grads_missing"] == 0 and r["grads_checked"] > 30
+    assert r["bn_state_max"] < 1e-12 and r["logits_train"] < 1e-12

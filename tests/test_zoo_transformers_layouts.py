@@ -1,11 +1,16 @@
 """Spike-Driven Transformer and QKFormer train under every layout exactly as on one device (float64).
 
-Tiny widths, T=2, 8 examples: dp (``data=8``), fsdp_tp (``fsdp=4,tensor=2``: whole heads on
-``tensor``), the 1F1B pipeline over ``stage=2`` with data and tensor inside each stage (2 microbatches;
-its reference accumulates the same 2 microbatches on one device), and temporal parallelism with data
-and tensor (``time=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer
-state and BatchNorm statistics after three Adam steps, must equal one device's (relative error
-<= 1e-9, compared as in ``test_parallel_equivalence``).
+Tiny widths, T=2, 8 examples, each architecture with one of every unit kind (SDT: three patch stages,
+the final stage, one block, the head; QKFormer: its three patch embeddings, a Q-K attention block in
+the first stage and a self-attention block in the third), BatchNorm scaled and shifted so every layer
+fires: dp (``data=8``), fsdp_tp (``fsdp=4,tensor=2``: whole heads on ``tensor``), the 1F1B pipeline
+over ``stage=2`` with data and tensor inside each stage (2 microbatches; its reference accumulates the
+same 2 microbatches on one device), and temporal parallelism with data and tensor
+(``time=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer state
+and BatchNorm statistics after three Adam steps, must equal one device's (relative error <= 1e-9,
+compared as in ``test_parallel_equivalence``). The same one-device reference checks activation
+checkpointing: every unit under ``remat=spikes`` with spikes kept as bits gives its first step's loss
+and gradients. Programs compile with ``test_zoo.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ import numpy as np
 import pytest
 from flax import nnx
 from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+from test_zoo import quick_compiles
 
-from snnjax import parallel
-from snnjax.models import QKFormer, SpikeDrivenTransformer
+from snnjax import layers, parallel
+from snnjax.models import QKFormer, SpikeDrivenTransformer, remat
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
@@ -34,28 +40,37 @@ LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
 
 @pytest.fixture(scope="module", autouse=True)
 def _float64(x64_module):
-    yield
+    with quick_compiles():
+        yield
     _run.cache_clear()
     _setup.cache_clear()
 
 
-def build(name: str):
+def build(name: str) -> nnx.Module:
     kw = dict(T=2, in_channels=2, num_classes=10, rngs=nnx.Rngs(0), dtype=jnp.float64, param_dtype=jnp.float64)
-    if name == "sdt":  # 7 units; 2 heads of 8 channels, mlp_ratio 1 (the MLP's inner shortcut)
-        return SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=2, mlp_ratio=1.0, pooling_stat="1100",
-                                      **kw), (2, BATCH, 16, 16, 2)
-    return QKFormer(embed_dims=16, num_heads=(2, 2, 2), depths=(1, 1, 1), mlp_ratio=2.0, **kw), (2, BATCH, 16, 16, 2)
+    if name == "sdt":  # 6 units; 2 heads of 8 channels, mlp_ratio 1 (the MLP's inner shortcut)
+        model = SpikeDrivenTransformer(embed_dims=16, num_heads=2, depths=1, mlp_ratio=1.0, pooling_stat="1100",
+                                       **kw)
+    else:  # 6 units: no block in the second stage (its Q-K attention is the first stage's at another width)
+        model = QKFormer(embed_dims=16, num_heads=(2, 2, 2), depths=(1, 0, 1), mlp_ratio=2.0, **kw)
+    for _, m in nnx.iter_modules(model):  # BatchNorm scales and shifts that make every layer fire
+        if isinstance(m, layers.BatchNorm):
+            m.scale[...], m.bias[...] = 1.5 * m.scale[...], m.bias[...] + 0.3
+    return model
 
 
 @functools.cache
-def _setup(name: str):
-    return initial_state(*build(name))
+def _setup(name: str, checkpointed: bool = False):
+    model = build(name)
+    if checkpointed:
+        remat.configure(model, remat="spikes", spike_residuals="bits")
+    return initial_state(model, (2, BATCH, 16, 16, 2))
 
 
 @functools.cache
-def _run(name: str, layout: str | None, microbatches: int = 1):
+def _run(name: str, layout: str | None, microbatches: int = 1, checkpointed: bool = False):
     """``(first-step metrics with grads, state after 3 steps)``; layout None: one device."""
-    model, graphdef, tx, host_state, x, y = _setup(name)
+    model, graphdef, tx, host_state, x, y = _setup(name, checkpointed)
     host_state = jax.tree.map(lambda a: a.copy(), host_state)
     accum = microbatches if layout is None else 1
     cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
@@ -90,3 +105,13 @@ def test_layout_matches_single_device(name, layout):
     assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
     assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
     assert int(state.step) == 3
+
+
+@pytest.mark.parametrize("name", ["sdt", "qkformer"])
+def test_checkpointing_and_bit_spikes_keep_loss_and_gradients(name):
+    """``remat=spikes`` with ``spike_residuals=bits`` (every layer after a neuron keeps its input as bits or int8)
+    recomputes the rest: the first train step on one device gives the loss and gradients of the reference above."""
+    (ref, _), (got, _) = _run(name, None, 1), _run(name, None, 1, True)  # the same reference as above
+    assert float(ref["loss"]) != 0 and abs(float(got["loss"]) - float(ref["loss"])) <= 1e-12 * abs(float(ref["loss"]))
+    for g, r in zip(jax.tree.leaves(got["grads"]), jax.tree.leaves(ref["grads"]), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-9, atol=1e-12)
