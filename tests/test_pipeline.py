@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
+from test_parallel_equivalence import BATCH, COMPILER_OPTIONS, TOL, _flat, _rel, initial_state, three_steps
 
 from snnjax import parallel
 from snnjax.bench.pipeline import w_contractions
@@ -256,7 +256,7 @@ def test_eval_under_a_pipeline_splits_the_batch_over_stage_too():
         step = eval_fn(plan, state, cfg, graphdef)
         placed = {k: jax.device_put(v, plan.batch_sharding(v.ndim, 1 if k == "inputs" else 0))
                   for k, v in batch.items()}
-        compiled = step.lower(state, placed, jnp.asarray(0)).compile()
+        compiled = step.lower(state, placed, jnp.asarray(0)).compile(compiler_options=COMPILER_OPTIONS)
         return jax.device_get(compiled(state, placed, jnp.asarray(0))), compiled.cost_analysis()["flops"]
 
     one, _ = evaluate(parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none"))
