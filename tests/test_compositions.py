@@ -39,8 +39,9 @@ def build(name: str, impl: str):
     kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
     if name == "mlp":  # 3 units: two hidden layers and the head
         model, shape = SpikingMLP(16, (16, 16), 10, batch_norm=True, **kw), (T, BATCH, 4, 4, 1)
-    else:
-        model = CIFAR10DVSVGG(widths=(8, 8, 8, 8, 8, 8, 8, 8), image_size=16, dropout=0.0, **kw)
+    else:  # 5 units: 4 blocks (column- and row-parallel convolutions in turn, the last pair the smallest), the head
+        model = CIFAR10DVSVGG(widths=(8, 8, 8, 8), pools=(False, False, True, False), image_size=16, dropout=0.0,
+                              **kw)
         shape = (2, BATCH, 16, 16, 2)
     set_impl(model, impl)
     return model, shape

@@ -217,7 +217,7 @@ def _check_collectives(model_name, case, plan, report):
         assert c["all-gather"]["count"] > 0, c  # parameters gathered for the forward
         assert report["param_bytes"] <= 1.3 * param_bytes / plan.axis_sizes["fsdp"] + 0.1 * param_bytes
     if plan.strategy.tensor:
-        rows = sum(1 for lay in parallel.analyze(build(model_name)[0])["tp_layers"] if lay["role"] == "row")
+        rows = sum(1 for lay in parallel.analyze(_setup(model_name)[0])["tp_layers"] if lay["role"] == "row")
         assert c["all-reduce"]["count"] >= rows, c  # one per row-parallel layer (activation-sized)
     if mode == "tp":
         assert c["all-gather"]["count"] == 0 and c["all-reduce+slice"]["count"] == 0, c  # nothing gathered

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_parallel_equivalence import COMPILER_OPTIONS  # LLVM's optimisation level: compile time, not results
 
 from snnjax.models import create_model, remat
 from snnjax.train import memory_search
@@ -39,7 +40,9 @@ def _loss_and_grads(model_name, settings):
         loss = -jnp.mean(jax.nn.log_softmax(logits.mean(0))[jnp.arange(N), labels])
         return loss, split_model(m)[3]
 
-    (loss, new_rest), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, rngs, rest, x)
+    args = (params, rngs, rest, x)
+    step = jax.jit(jax.value_and_grad(loss_fn, has_aux=True)).lower(*args).compile(compiler_options=COMPILER_OPTIONS)
+    (loss, new_rest), grads = step(*args)
     return loss, grads, new_rest
 
 
@@ -99,8 +102,8 @@ def _peak(model_name, settings):
         return nnx.merge(graphdef, params, *jax.tree.map(lambda v: v, (rngs, rest)))(x).sum()
 
     x = jax.ShapeDtypeStruct((8, 16) + shape[2:], jnp.float32)
-    compiled = jax.jit(jax.grad(loss_fn)).lower(params, rngs, rest, x).compile()
-    return memory_search.peak_bytes(compiled)[0]
+    compiled = jax.jit(jax.grad(loss_fn)).lower(params, rngs, rest, x).compile(compiler_options=COMPILER_OPTIONS)
+    return memory_search.peak_bytes(compiled)[0]  # buffer assignment: the same at LLVM's every optimisation level
 
 
 @pytest.mark.parametrize("model_name", ["cifar10dvs_vgg"])

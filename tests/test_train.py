@@ -1,7 +1,10 @@
 """The training program: runs, exact resume after a kill, configs, and errors that name the problem."""
 import ast
+import contextlib
+import functools
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import pathlib
@@ -9,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
+from snnjax import hostmem
 from snnjax.models import create_model
 from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
 from snnjax.parallel.pipeline_plan import choose_microbatches
@@ -168,12 +173,43 @@ SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
 
 
 def num_params(model_name: str, model_options: dict) -> int:
-    model = create_model(model_name, model_options, rngs=nnx.Rngs(0))
+    """Parameters of the model these options build (its constructor traced abstractly: nothing compiles)."""
+    model = nnx.eval_shape(lambda: create_model(model_name, model_options, rngs=nnx.Rngs(0)))
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-# One config per model family trains through train.py; the other configs of its family (same model code,
-# another dataset or recipe) are built in this process, without compiling (the suite's time).
+@functools.cache
+def _train_py():
+    """train.py as a module, loaded once per process (its flags are absl's global ``FLAGS``)."""
+    spec = importlib.util.spec_from_file_location("train_py", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_in_process(workdir, *overrides, config="digits") -> subprocess.CompletedProcess:
+    """What ``run_train`` runs, without starting a process: train.py's own flag parsing and ``main`` in this
+    process (no interpreter start, this process's compiled programs reused). Returns the exit status, stdout and
+    stderr the command would have. glibc's allocator is left as it is (train.py tunes it for the whole process)."""
+    train = _train_py()
+    argv = train_cmd(workdir, *overrides, config=config)[1:]  # [train.py, --config, ...]
+    for name in [n for n in train.FLAGS if n.startswith("config.")]:  # the previous call's --config.KEY flags
+        delattr(train.FLAGS, name)
+    train.FLAGS.unparse_flags()
+    out, err = io.StringIO(), io.StringIO()
+    # config_flags reads the --config.KEY overrides from sys.argv
+    with mock.patch.object(sys, "argv", argv), mock.patch.object(hostmem, "keep_freed_memory", lambda: False), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = train.main(train.parse_flags(argv))
+        except SystemExit as e:  # a bad --config.KEY: exit status 2
+            status = e.code
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+
+
+# One config per model family trains through train.py (its flag parsing and main, in this process); the other
+# configs of its family (same model code, another dataset or recipe) are built in this process, without
+# compiling (the suite's time).
 TRAINED = ("digits", "ncaltech101_vgg", "spikformer_ti", "imagenet_sew_resnet18", "dvsgesture_plif",
            "cifar10dvs_sdt", "imagenet_qkformer", "cifar10_ms_resnet18")
 SMALL = ["--config.num_steps=2", "--config.eval_every_steps=2", "--config.global_batch_size=8",
@@ -190,7 +226,8 @@ def test_each_model_family_has_a_trained_config():
 def test_every_config_switches_to_synthetic_events_with_one_flag(tmp_path, name):
     """``--config.data.name=synthetic_dvs`` is enough: the config's data_dir is ignored with a note, sizes follow."""
     c = load_config(name)
-    result = run_train(tmp_path, "--config.data.name=synthetic_dvs", *SMALL, *SHRINK[c.model.name], config=name)
+    result = train_in_process(tmp_path, "--config.data.name=synthetic_dvs", *SMALL, *SHRINK[c.model.name],
+                              config=name)
     assert result.returncode == 0, result.stderr[-3000:]
     if c.data.data_dir is not None:
         assert f"note: synthetic_dvs reads no files; ignoring data.data_dir='{c.data.data_dir}'" in result.stdout
@@ -316,7 +353,7 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     assert params and {v.dtype for v in params.values()} == {np.dtype(np.float64)}, params.keys()
 
 
-@pytest.mark.parametrize("override,message", [
+BAD_CONFIGS = [
     ("--config.optimizer=adamx", "config.optimizer='adamx' is not allowed; choose one of"),
     ("--config.model.width=3", 'names no key of the config ("width")'),
     ("--config.parallel.mesh=data=3", "needs 3 devices but 8 are available"),
@@ -329,10 +366,18 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
     ("--config.parallel.memory_budget_mb=0.01", "no checkpointing plan fits parallel.memory_budget_mb=0.01"),
     ("--config.parallel.offload=disk", "config.parallel.offload='disk' is not allowed"),
     ("--config.parallel.offload=auto", "config.parallel.offload='auto' lets the memory search decide"),
-])
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_CONFIGS)
 def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
-    result = run_train(tmp_path / "run", override)
+    """train.py's flag parsing and main in this process (the same error text), the first case as a process of
+    its own: the command's exit status and one-line error."""
+    in_a_process = override == BAD_CONFIGS[0][0]
+    result = (run_train if in_a_process else train_in_process)(tmp_path / "run", override)
     assert result.returncode != 0
+    if in_a_process:
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-1500:]
     assert message in result.stderr, result.stderr[-1500:]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -350,7 +395,7 @@ def test_unknown_override_key_without_config_flag_is_rejected(tmp_path):
 
 
 def test_every_model_option_can_be_overridden(tmp_path):
-    result = run_train(tmp_path, "--config.model.neuron=PLIF", "--config.model.surrogate_function=atan",
+    result = train_in_process(tmp_path, "--config.model.neuron=PLIF", "--config.model.surrogate_function=atan",
                        "--config.num_steps=3", "--config.parallel.mode=none")
     assert result.returncode == 0, result.stderr[-1500:]
     config = json.loads((tmp_path / "config.json").read_text())
