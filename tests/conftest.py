@@ -1,11 +1,8 @@
 """Test configuration: 8 host CPU devices, set before jax is imported anywhere."""
 import os
 
-# LLVM at optimisation level 0: the tests' programs are small and compile far longer than they run (a train.py
-# run of a shrunk QKFormer config: 53 s instead of 62-70 s); results and buffer assignment are unchanged. The
-# equivalence tests also pass it as a compiler option; train.py / launcher subprocesses inherit it from here.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # threefry compiles slowly on XLA:CPU (about 3 s per new parameter shape on the CI machine); the
