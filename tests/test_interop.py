@@ -125,8 +125,9 @@ def _init_state_dict(model: str) -> dict[str, np.ndarray]:
         return check.case_arrays(arrays, f"{model}/init/")
 
 
-def _small_vgg():
-    return CIFAR10DVSVGG(widths=[8, 16, 32, 32, 64, 64, 64, 64], dropout=0.0, rngs=nnx.Rngs(0))
+def _small_vgg(widths=(8, 16, 32, 32, 64, 64, 64, 64)):
+    """The fixture's VGG, its variables abstract (the import gives them values)."""
+    return nnx.eval_shape(lambda: CIFAR10DVSVGG(widths=list(widths), dropout=0.0, rngs=nnx.Rngs(0)))
 
 
 def test_import_converts_layouts():
@@ -148,16 +149,16 @@ def test_import_errors_name_the_problem():
         import_state_dict(_small_vgg(), {**sd, "features.9.proj_bn.0.weight": np.zeros((1,))})
     with pytest.raises(KeyError, match="does not provide"):
         import_state_dict(_small_vgg(), {k: v for k, v in sd.items() if "features.3" not in k})
-    wide = CIFAR10DVSVGG(widths=[8, 16, 32, 32, 64, 64, 64, 128], dropout=0.0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="shape mismatch"):
-        import_state_dict(wide, sd)
+        import_state_dict(_small_vgg((8, 16, 32, 32, 64, 64, 64, 128)), sd)
     with pytest.raises(TypeError, match="no SpikingJelly mapping"):
         import_state_dict(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), sd)
 
 
 def test_spikformer_import_covers_every_variable():
     sd = _init_state_dict("spikformer")
-    model = Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2,
+                                              rngs=nnx.Rngs(0)))
     import_state_dict(model, sd)
     np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],  # [D, 3D] split as [D, 3, heads, head_dim]
                                sd["blocks.1.attn.qkv_conv_bn.0.weight"][:, :, 0].T.reshape(32, 3, 4, 8), rtol=1e-6)
