@@ -181,7 +181,7 @@ def test_tables_route_every_send_to_a_slot_that_is_read_before_it_is_overwritten
 
 
 def test_layout_and_microbatch_choices():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     with pytest.raises(ValueError, match="add up to the model's 9 units"):
         pipeline_plan.parse_layout("2|2", 9, 2, [u.name for u in model.units()])
     assert pipeline_plan.parse_layout("4|5", 9, 2, [u.name for u in model.units()]) == (4, 5)
@@ -198,7 +198,7 @@ def test_layout_and_microbatch_choices():
 
 
 def test_plan_errors_say_what_to_change():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     with pytest.raises(ValueError, match="mode=pp"):
         parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="dp")
     with pytest.raises(ValueError, match="stage"):
@@ -215,9 +215,9 @@ def test_plan_errors_say_what_to_change():
 
 
 def test_print_summary_shows_the_schedule():
-    model, shape = build("vgg")
+    model, x = _setup("vgg")[0], _setup("vgg")[4]
     plan = parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
-                         pipeline=PipelineOptions("1f1b", 1, 2), input_shape=shape, compute_dtype=jnp.float64)
+                         pipeline=PipelineOptions("1f1b", 1, 2), input_shape=x.shape, compute_dtype=jnp.float64)
     text = str(plan)
     assert "on data=4 x stage=2: a pipeline over stage; within each stage data parallel" in text
     assert "pipeline: 1f1b over stage=2, 2 microbatches" in text and "bubble 33.3%" in text
@@ -226,7 +226,7 @@ def test_print_summary_shows_the_schedule():
 
 
 def test_each_device_stores_only_its_stages_parameters():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     mesh = mesh_lib.make_mesh("stage=2,data=4", jax.devices()[:8])
     plan = parallel.plan(model, mesh, mode="pp", global_batch_size=8, pipeline=PipelineOptions("1f1b", 1, 2, "4|5"))
     packing, params = plan.packing, nnx.split(model, nnx.Param, ...)[1]
