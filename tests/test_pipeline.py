@@ -1,14 +1,14 @@
 """The pipeline over ``stage`` trains exactly like one device with the same microbatching (float64).
 
 For a small CIFAR10DVSVGG (dropout on, so each microbatch's dropout key matters): every schedule on
-stage=4 (interleaved: 2 virtual stages per device) and on stage=2 x data=2 x tensor=2, 1F1B,
-interleaved and zero-bubble on stage=2 with more microbatches than stages, 1F1B on stage=2 x fsdp=4,
-and zero-bubble under each checkpointing policy. For a tiny Spikformer
-(patch stages, positional encoding, attention blocks and head as units; attention heads on tensor):
-the interleaved schedule on stage=2 x data=2 x tensor=2, each device running two virtual stages.
-Each must give the single-device loss and gradients of the first step (``train_step`` with
-``grad_accum_steps = M``, no checkpointing), and after three Adam steps the same parameters,
-optimizer state and BatchNorm statistics (relative error <= 1e-9).
+stage=4 (interleaved: 2 virtual stages per device) and on stage=2 x data=2 x tensor=2; 1F1B,
+interleaved and zero-bubble on stage=2 with more microbatches than stages; 1F1B on stage=2 x fsdp=4;
+zero-bubble under each checkpointing policy. For a tiny Spikformer (patch stages, positional
+encoding, attention blocks and head as units; attention heads on tensor): the interleaved schedule
+on stage=2 x data=2 x tensor=2, two virtual stages per device. Each must give the single-device loss
+and gradients of the first step (``train_step`` with ``grad_accum_steps = M``, no checkpointing),
+and after three Adam steps the same parameters, optimizer state and BatchNorm statistics (relative
+error <= 1e-9).
 """
 from __future__ import annotations
 
