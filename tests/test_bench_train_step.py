@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import sys
 
 import numpy as np
@@ -45,9 +46,12 @@ def test_batches_are_seeded_time_major():
 
 
 
+# Run as the SpikingJelly peers are: a script importing its sibling ``peer`` directly (the snnjax package, which
+# imports JAX, stays out; the bench folder is put first on its path).
 FAKE_PEER = '''
 import sys, time
-from snnjax.bench import peer
+sys.path.insert(0, sys.argv.pop(1))
+import peer
 
 calls = []
 
@@ -67,7 +71,7 @@ peer.serve({"time": timed, "boom": boom}, {"name": "fake", "argv": sys.argv[1:]}
 def _fake_peer(tmp_path, *args):
     script = tmp_path / "fake_peer.py"
     script.write_text(FAKE_PEER)
-    return peer.Peer([sys.executable, str(script), *args])
+    return peer.Peer([sys.executable, str(script), str(pathlib.Path(peer.__file__).parent), *args])
 
 
 def test_peer_protocol_answers_and_reports_errors(tmp_path):

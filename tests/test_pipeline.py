@@ -1,14 +1,14 @@
 """The pipeline over ``stage`` trains exactly like one device with the same microbatching (float64).
 
 For a small CIFAR10DVSVGG (dropout on, so each microbatch's dropout key matters): every schedule on
-stage=4 (interleaved: 2 virtual stages per device) and on stage=2 x data=2 x tensor=2, 1F1B,
-interleaved and zero-bubble on stage=2 with more microbatches than stages, 1F1B on stage=2 x fsdp=4,
-and zero-bubble under each checkpointing policy. For a tiny Spikformer
-(patch stages, positional encoding, attention blocks and head as units; attention heads on tensor):
-the interleaved schedule on stage=2 x data=2 x tensor=2, each device running two virtual stages.
-Each must give the single-device loss and gradients of the first step (``train_step`` with
-``grad_accum_steps = M``, no checkpointing), and after three Adam steps the same parameters,
-optimizer state and BatchNorm statistics (relative error <= 1e-9).
+stage=4 (interleaved: 2 virtual stages per device) and on stage=2 x data=2 x tensor=2; 1F1B,
+interleaved and zero-bubble on stage=2 with more microbatches than stages; 1F1B on stage=2 x fsdp=4;
+zero-bubble under each checkpointing policy. For a tiny Spikformer (patch stages, positional
+encoding, attention blocks and head as units; attention heads on tensor): the interleaved schedule
+on stage=2 x data=2 x tensor=2, two virtual stages per device. Each must give the single-device loss
+and gradients of the first step (``train_step`` with ``grad_accum_steps = M``, no checkpointing),
+and after three Adam steps the same parameters, optimizer state and BatchNorm statistics (relative
+error <= 1e-9).
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def build(name: str):
     if name == "vgg":  # 9 units: 8 blocks and the head
         return (CIFAR10DVSVGG(widths=(8, 8, 8, 8, 8, 8, 8, 8), image_size=16, dropout=0.25, **kw),
                 (2, BATCH, 16, 16, 2))
-    # 8 units: 4 patch stages, the positional encoding, 2 blocks, the head; over 2 stages x 2 virtual stages the
-    # chunks hand on image activations, tokens and tokens between blocks
+    # 8 units: 4 patch stages, the positional encoding, 2 blocks, the head; over 2 stages x 2 virtual stages
+    # (4|1|1|2) the chunks hand on image activations, tokens, and tokens between blocks
     return (Spikformer(T=2, img_size=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=2,
                        mlp_ratio=2, **kw), (2, BATCH, 16, 16, 2))
 
@@ -181,7 +181,7 @@ def test_tables_route_every_send_to_a_slot_that_is_read_before_it_is_overwritten
 
 
 def test_layout_and_microbatch_choices():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     with pytest.raises(ValueError, match="add up to the model's 9 units"):
         pipeline_plan.parse_layout("2|2", 9, 2, [u.name for u in model.units()])
     assert pipeline_plan.parse_layout("4|5", 9, 2, [u.name for u in model.units()]) == (4, 5)
@@ -198,7 +198,7 @@ def test_layout_and_microbatch_choices():
 
 
 def test_plan_errors_say_what_to_change():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     with pytest.raises(ValueError, match="mode=pp"):
         parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="dp")
     with pytest.raises(ValueError, match="stage"):
@@ -215,9 +215,9 @@ def test_plan_errors_say_what_to_change():
 
 
 def test_print_summary_shows_the_schedule():
-    model, shape = build("vgg")
+    model, x = _setup("vgg")[0], _setup("vgg")[4]
     plan = parallel.plan(model, mesh_lib.make_mesh("stage=2,data=4"), mode="pp", global_batch_size=8,
-                         pipeline=PipelineOptions("1f1b", 1, 2), input_shape=shape, compute_dtype=jnp.float64)
+                         pipeline=PipelineOptions("1f1b", 1, 2), input_shape=x.shape, compute_dtype=jnp.float64)
     text = str(plan)
     assert "on data=4 x stage=2: a pipeline over stage; within each stage data parallel" in text
     assert "pipeline: 1f1b over stage=2, 2 microbatches" in text and "bubble 33.3%" in text
@@ -226,7 +226,7 @@ def test_print_summary_shows_the_schedule():
 
 
 def test_each_device_stores_only_its_stages_parameters():
-    model, _ = build("vgg")
+    model = _setup("vgg")[0]  # built once for the module
     mesh = mesh_lib.make_mesh("stage=2,data=4", jax.devices()[:8])
     plan = parallel.plan(model, mesh, mode="pp", global_batch_size=8, pipeline=PipelineOptions("1f1b", 1, 2, "4|5"))
     packing, params = plan.packing, nnx.split(model, nnx.Param, ...)[1]

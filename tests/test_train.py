@@ -190,7 +190,8 @@ def _train_py():
 def train_in_process(workdir, *overrides, config="digits") -> subprocess.CompletedProcess:
     """What ``run_train`` runs, without starting a process: train.py's own flag parsing and ``main`` in this
     process (no interpreter start, this process's compiled programs reused). Returns the exit status, stdout and
-    stderr the command would have. glibc's allocator is left as it is (train.py tunes it for the whole process)."""
+    stderr the command would have. train.py's tuning of glibc's allocator (``hostmem``), which would keep this
+    process's freed memory for good, is left out."""
     train = _train_py()
     argv = train_cmd(workdir, *overrides, config=config)[1:]  # [train.py, --config, ...]
     for name in [n for n in train.FLAGS if n.startswith("config.")]:  # the previous call's --config.KEY flags
@@ -396,7 +397,7 @@ def test_unknown_override_key_without_config_flag_is_rejected(tmp_path):
 
 def test_every_model_option_can_be_overridden(tmp_path):
     result = train_in_process(tmp_path, "--config.model.neuron=PLIF", "--config.model.surrogate_function=atan",
-                       "--config.num_steps=3", "--config.parallel.mode=none")
+                              "--config.num_steps=3", "--config.parallel.mode=none")
     assert result.returncode == 0, result.stderr[-1500:]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model"]["neuron"] == "PLIF" and config["model"]["surrogate_function"] == "atan"
