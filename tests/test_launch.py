@@ -17,6 +17,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from conftest import COMPILE_SPEED_FLAGS
 
 from snnjax import distributed, launch, xla_options
 from snnjax.data.loader import Loader, process_slice
@@ -34,6 +35,8 @@ def child_env(**extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID,
                         distributed.ENV_COLLECTIVE_TIMEOUT, *CLUSTER_VARS)}
+    if "XLA_FLAGS" in extra:  # the suite's compile-speed flags stay (the same numerics as this process)
+        extra["XLA_FLAGS"] = f"{COMPILE_SPEED_FLAGS} {extra['XLA_FLAGS']}"
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **extra)
     return env
 
@@ -235,10 +238,12 @@ def test_children_get_their_rank_devices_and_prefixed_output(tmp_path):
     assert sorted(seen) == [0, 1, 2]
     address = seen[0]["JAX_COORDINATOR_ADDRESS"]
     assert address.startswith("127.0.0.1:")
-    # ``import snnjax`` in the launcher may add the CPU convolution default (snnjax/xla_options.py) to XLA_FLAGS
+    # ``import snnjax`` in the launcher may add the CPU convolution default (snnjax/xla_options.py) to XLA_FLAGS;
+    # child_env put the suite's compile-speed flags in front
     ((name, value),) = xla_options.CPU_CONV_OPTIONS.items()
+    added = {f"--{name}={value}", *COMPILE_SPEED_FLAGS.split()}
     for rank, got in seen.items():
-        got["XLA_FLAGS"] = " ".join(f for f in got["XLA_FLAGS"].split() if f != f"--{name}={value}")
+        got["XLA_FLAGS"] = " ".join(f for f in got["XLA_FLAGS"].split() if f not in added)
         assert got == {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": str(rank),
                        "XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=2",
                        "SNNJAX_COLLECTIVE_TIMEOUT_S": "7.0", "argv": ["--flag", "x y"]}

@@ -223,7 +223,7 @@ def test_batchnorm_over_several_channel_dims_equals_flat_channels():
         return split(x.reshape(2, 3, 5, 3, 2, 4)).reshape(x.shape), flat(x), split.var[...].reshape(-1), flat.var[...]
 
     a, b, var_a, var_b = run(jax.random.normal(jax.random.key(0), (2, 3, 5, 24)))
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # float32 outputs of unit scale, some near zero
     np.testing.assert_allclose(var_a, var_b, rtol=1e-6)
 
 
