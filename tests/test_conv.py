@@ -69,13 +69,19 @@ def test_matches_lax_under_jit_and_scan(x64, k, stride, padding):
 TINY = [((2, 2), 3, 1, ((1, 1), (1, 1))), ((1, 3), 3, 1, ((1, 1), (1, 1))), ((3, 3), 3, 2, ((1, 1), (1, 1))),
         ((2, 2), 5, 1, ((2, 2), (2, 2))), ((4, 4), 3, 2, ((1, 1), (1, 1))), ((2, 2), 3, 1, ((2, 2), (2, 2))),
         ((2, 3), 3, 2, ((2, 1), (1, 2)))]
+# 1 x 1 outputs (tap_conv): a 1 x 1 input, a stride-2 2 x 2 input, every tap inside, a 1 x 1 kernel, uneven padding
+SINGLE = [((1, 1), 3, 1, ((1, 1), (1, 1))), ((2, 2), 3, 2, ((1, 1), (1, 1))), ((3, 3), 3, 3, ((0, 0), (0, 0))),
+          ((2, 2), 1, 2, ((0, 0), (0, 0))), ((2, 1), 3, 2, ((0, 1), (1, 1)))]
 
 
-@pytest.mark.parametrize("size, k, stride, padding", TINY)
-def test_smaller_than_kernel_takes_im2col_and_col2im(x64, size, k, stride, padding):
+@pytest.mark.parametrize("size, k, stride, padding", TINY + SINGLE)
+def test_smaller_than_kernel_takes_im2col_col2im_or_taps(x64, size, k, stride, padding):
     x, w = _inputs(jnp.float64, size=size, k=k)
     strides = (stride, stride)
-    assert conv_cpu._tiny_output(x.shape, w.shape, strides, padding) or conv_cpu._tiny_input(x.shape, w.shape)
+    single = conv_cpu._single_output(x.shape, w.shape, strides, padding)
+    assert single == ((size, k, stride, padding) in SINGLE)
+    assert single or conv_cpu._tiny_output(x.shape, w.shape, strides, padding) or conv_cpu._tiny_input(x.shape,
+                                                                                                     w.shape)
     ref = _vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN), x, w)
     _close(jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, strides, padding), x, w))(x, w),
            ref, 1e-13)

@@ -20,7 +20,9 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
   im2col and one matmul, 13x faster than XLA's conv there; the input gradient
   with an input or output smaller than the kernel: the cotangent times the kernel
   and the transposed windows (``col2im_input_grad``), where XLA:CPU's conv made
-  the backward 4-13x slower (ResNet-18's stride-2 convs into its 2 x 2 and 1 x 1 stages).
+  the backward 4-13x slower (ResNet-18's stride-2 convs into its 2 x 2 and 1 x 1 stages);
+- a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
+  forward and both gradients (its transposes): no products with padding.
 
 Steps that convolve on the CPU should compile with ``compiler_options(platform)`` (``import snnjax``
 makes it XLA's default too, ``snnjax.xla_options``, so plain ``jax.jit`` gets it):
@@ -60,17 +62,28 @@ def compiler_options(platform: str | None = None) -> dict[str, str] | None:
 
 
 def _forward(x, w, strides, padding, precision, out_dtype):
+    if _single_output(x.shape, w.shape, strides, padding):
+        return tap_conv(x, w, strides, padding, precision).astype(out_dtype or x.dtype)
     if _tiny_output(x.shape, w.shape, strides, padding):
         return im2col_conv(x, w, strides, padding, precision).astype(out_dtype or x.dtype)
     return lax.conv_general_dilated(x, w, strides, padding, dimension_numbers=_DN, precision=precision,
                                     preferred_element_type=out_dtype)
 
 
+def _out_hw(x_shape, w_shape, strides, padding) -> tuple[int, int]:
+    """The output's ``(H_out, W_out)``."""
+    return tuple((size + lo + hi - k) // s + 1 for size, k, s, (lo, hi) in
+                 zip(x_shape[1:3], w_shape[:2], strides, padding, strict=True))
+
+
+def _single_output(x_shape, w_shape, strides, padding) -> bool:
+    """Whether the output is ``1 x 1`` (``tap_conv`` and its transposes: forward and both gradients)."""
+    return max(_out_hw(x_shape, w_shape, strides, padding)) == 1
+
+
 def _tiny_output(x_shape, w_shape, strides, padding) -> bool:
     """Whether the output is smaller than the kernel (e.g. 2 x 2 from 3 x 3), where XLA:CPU's conv is ~13x slow."""
-    out = [(size + lo + hi - k) // s + 1 for size, k, s, (lo, hi) in
-           zip(x_shape[1:3], w_shape[:2], strides, padding, strict=True)]
-    return min(out) < min(w_shape[:2])
+    return min(_out_hw(x_shape, w_shape, strides, padding)) < min(w_shape[:2])
 
 
 def _tiny_input(x_shape, w_shape) -> bool:
@@ -95,12 +108,44 @@ def im2col_conv(x: jax.Array, w: jax.Array, strides: tuple[int, int], padding: S
     against XLA's 16 ms); elsewhere XLA's convolution is as fast or faster. Float32 or wider result.
     """
     kh, kw, ci, co = w.shape
-    out = [(size + lo + hi - k) // s + 1 for size, k, s, (lo, hi) in
-           zip(x.shape[1:3], (kh, kw), strides, padding, strict=True)]
     acc = _acc_dtype(x.dtype)
-    patches = _windows(x, kh, kw, out, strides, padding).astype(acc)
+    patches = _windows(x, kh, kw, _out_hw(x.shape, w.shape, strides, padding), strides, padding).astype(acc)
     return lax.dot_general(patches, w.reshape(kh * kw, ci, co).astype(acc), (((3, 4), (0, 1)), ((), ())),
                            precision=precision)
+
+
+def _tap_range(size: int, out: int, k: int, stride: int, lo: int) -> tuple[int, int, int]:
+    """``(o0, o1, i0)``: the outputs ``o0 <= o < o1`` whose window's tap ``k`` lands inside the input (at rows
+    ``i0, i0 + stride, ...``) along one spatial axis; ``lo`` is that axis's leading padding."""
+    o0 = max(0, -(-(lo - k) // stride))
+    o1 = min(out, (size - 1 + lo - k) // stride + 1)
+    return o0, o1, o0 * stride + k - lo
+
+
+def tap_conv(x: jax.Array, w: jax.Array, strides: tuple[int, int], padding: Sequence[tuple[int, int]],
+             precision=None) -> jax.Array:
+    """The convolution as a sum over the kernel's taps: for tap ``(i, j)``, the strided slice of ``x`` it reaches
+    times ``w[i, j] [C_in, C_out]``, placed at the outputs it serves. Products with padding are never formed.
+
+    For convolutions with a ``1 x 1`` output (a CIFAR-sized ResNet's last stage: of a 3 x 3 kernel over a
+    ``1 x 1`` input only the centre tap is not padding, 1/9 of an im2col's products). Linear in ``x`` and in
+    ``w``, so its transposes (``jax.linear_transpose``) are the gradients. Float32 or wider result.
+    """
+    kh, kw, ci, co = w.shape
+    n, h, wd = x.shape[:3]
+    (ho, wo), acc = _out_hw(x.shape, w.shape, strides, padding), _acc_dtype(x.dtype)
+    out = jnp.zeros((n, ho, wo, co), acc)
+    for i in range(kh):
+        a0, a1, r0 = _tap_range(h, ho, i, strides[0], padding[0][0])
+        for j in range(kw):
+            b0, b1, c0 = _tap_range(wd, wo, j, strides[1], padding[1][0])
+            if a1 <= a0 or b1 <= b0:
+                continue  # this tap reads padding only
+            xs = lax.slice(x, (0, r0, c0, 0), (n, r0 + (a1 - a0 - 1) * strides[0] + 1,
+                                               c0 + (b1 - b0 - 1) * strides[1] + 1, ci), (1, *strides, 1))
+            part = lax.dot_general(xs.astype(acc), w[i, j].astype(acc), (((3,), (0,)), ((), ())), precision=precision)
+            out = out + lax.pad(part, jnp.zeros((), acc), ((0, 0, 0), (a0, ho - a1, 0), (b0, wo - b1, 0), (0, 0, 0)))
+    return out
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
@@ -129,6 +174,10 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
 
     Returned in ``g``'s dtype, or float32 for lower-precision ``g``.
     """
+    acc = _acc_dtype(g.dtype)
+    if _single_output(x_shape, w.shape, strides, padding):
+        conv = functools.partial(tap_conv, w=w, strides=strides, padding=padding, precision=precision)
+        return jax.linear_transpose(conv, jax.ShapeDtypeStruct(tuple(x_shape), acc))(g.astype(acc))[0]
     if _tiny_output(x_shape, w.shape, strides, padding) or _tiny_input(x_shape, w.shape):
         return col2im_input_grad(g, w, x_shape, strides, padding, precision)
     pads = []
@@ -137,7 +186,7 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
         pads.append((k - 1 - lo, k - 1 - hi + _unreached(size, lo, hi, out, s, k)))
     w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3).astype(g.dtype)
     return lax.conv_general_dilated(g, w_t, (1, 1), pads, lhs_dilation=strides, dimension_numbers=_DN,
-                                   precision=precision, preferred_element_type=_acc_dtype(g.dtype))
+                                   precision=precision, preferred_element_type=acc)
 
 
 def col2im_input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tuple[int, int],
@@ -165,11 +214,14 @@ def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: tup
 
     Returned in ``x``'s dtype, or float32 for lower-precision ``x``.
     """
+    acc = _acc_dtype(x.dtype)
+    if _single_output(x.shape, w_shape, strides, padding):
+        conv = functools.partial(tap_conv, x, strides=strides, padding=padding, precision=precision)
+        return jax.linear_transpose(conv, jax.ShapeDtypeStruct(tuple(w_shape), acc))(g.astype(acc))[0]
     kh, kw = w_shape[:2]
     pads = []
     for k, s, (lo, hi), size, out in zip((kh, kw), strides, padding, x.shape[1:3], g.shape[1:3], strict=True):
         pads.append((lo, hi - _unreached(size, lo, hi, out, s, k)))
-    acc = _acc_dtype(x.dtype)
     # lhs [C_in, H, W, N] (C_in as the batch, N as the contracted feature), rhs [H_out, W_out, N, C_out]
     # (the cotangent as a kernel, dilated by the strides) -> [C_in, kh, kw, C_out].
     dw = lax.conv_general_dilated(x.transpose(3, 1, 2, 0).astype(acc), g.transpose(1, 2, 0, 3).astype(acc), (1, 1),
