@@ -21,7 +21,33 @@ def _bad_override(error: Exception, argv: list[str]) -> None:
     sys.exit(2)
 
 
+def _take_none_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(argv without its --config.KEY=None overrides, those KEYs)``: ml_collections parses a typed field's value
+    with the field's type, so None (``--config.model.v_reset=None``: soft reset) is applied after parsing."""
+    keys = [a.removeprefix("--config.").removesuffix("=None") for a in argv[1:]
+            if a.startswith("--config.") and a.endswith("=None")]
+    return [a for a in argv if not (a.startswith("--config.") and a.endswith("=None"))], keys
+
+
+def _set_none(config, keys: list[str]) -> None:
+    """Set each dotted ``key`` of ``config`` to None; a key the config lacks gets the one-line error."""
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = config
+        try:
+            for part in parents:
+                node = node[part]
+            if leaf not in node:
+                raise KeyError(f"flag --config.{key}=None: the config has no key {key}")
+            with node.unlocked():
+                node[leaf] = None
+        except (KeyError, TypeError) as e:
+            _bad_override(e, ["", *(f"--config.{k}=None" for k in keys)])
+
+
 try:  # without --config, the default config file is loaded (and sys.argv's overrides applied) right here
+    sys.argv, _IMPORT_NONE_KEYS = _take_none_overrides(sys.argv)
+    _NONE_KEYS = _IMPORT_NONE_KEYS
     config_flags.DEFINE_config_file("config", str(pathlib.Path(__file__).parent / "configs" / "digits.py"),
                                     "Path to a config file (configs/*.py).", lock_config=True)
 except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -47,6 +73,7 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     config = FLAGS.config
+    _set_none(config, _NONE_KEYS)
     # Imported here, not at the top: a bad flag fails before JAX loads, and malloc is set before JAX allocates.
     from snnjax import hostmem  # noqa: PLC0415
 
@@ -92,7 +119,13 @@ def main(argv: list[str]) -> int:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """Parse flags (a bad flag or --config.KEY gets a one-line error, not a traceback); returns the remaining argv."""
+    """Parse flags (a bad flag or --config.KEY gets a one-line error, not a traceback); returns the remaining argv.
+
+    ``--config.KEY=None`` overrides are kept aside and applied by ``main``."""
+    global _NONE_KEYS
+    argv, keys = _take_none_overrides(argv)
+    _NONE_KEYS = [*_IMPORT_NONE_KEYS, *keys]
+    sys.argv = _take_none_overrides(sys.argv)[0]  # config_flags finds the override flags in sys.argv
     try:
         return FLAGS(argv)
     except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:

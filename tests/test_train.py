@@ -403,6 +403,24 @@ def test_every_model_option_can_be_overridden(tmp_path):
     assert config["model"]["neuron"] == "PLIF" and config["model"]["surrogate_function"] == "atan"
 
 
+def test_none_options_reach_the_model_and_the_command_line_sets_them(tmp_path):
+    """``model.v_reset=None`` is SpikingJelly's soft reset: the built neurons get None (not the 0.0 default), from
+    Python and from ``--config.model.v_reset=None``; a None for a key the config lacks is the one-line error."""
+    from snnjax.neurons.modules import BaseNode  # noqa: PLC0415
+    from snnjax.train import loop  # noqa: PLC0415
+
+    c = load_config("digits")
+    c.model.v_reset = None
+    neurons = [m for _, m in nnx.iter_graph(loop.init_model(c, loop.make_sources(c)[0])) if isinstance(m, BaseNode)]
+    assert neurons and all(m.v_reset is None for m in neurons)
+    result = train_in_process(tmp_path, "--config.model.v_reset=None", "--config.num_steps=1",
+                              "--config.parallel.mode=none")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["v_reset"] is None
+    result = train_in_process(tmp_path / "bad", "--config.model.v_resett=None")
+    assert result.returncode == 2 and "the config has no key model.v_resett" in result.stderr
+
+
 def test_model_config_validation_names_allowed_options():
     with pytest.raises(ValueError, match=r"has no option\(s\) \['width'\]; allowed:"):
         create_model("mlp", {"width": 3}, rngs=None)

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from snnjax import distributed, monitor, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
-from snnjax.models.registry import DataShape, sizes_from_data
+from snnjax.models.registry import REGISTRY, DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan
 from snnjax.parallel import rules as rules_lib
@@ -77,8 +77,11 @@ def make_sources(c: ml_collections.ConfigDict):
 
 
 def model_kwargs(c: ml_collections.ConfigDict, source) -> dict[str, Any]:
-    """The config's model options, with input/output sizes filled in from the data where not set."""
-    kwargs = {k: v for k, v in c.model.items() if k != "name" and v is not None}
+    """The config's model options, with input/output sizes filled in from the data where not set.
+
+    A None option is passed on as None (``v_reset=None``: soft reset), except the sizes the data gives."""
+    size_keys = REGISTRY[c.model.name].size_keys if c.model.name in REGISTRY else ()
+    kwargs = {k: v for k, v in c.model.items() if k != "name" and not (v is None and k in size_keys)}
     sizes = sizes_from_data(c.model.name, DataShape.of(source, c.data.time_steps), kwargs)
     return {**sizes, **kwargs}
 
