@@ -3,9 +3,10 @@ import os
 
 # XLA:CPU's MLIR fusion emitters build an MLIR context and pass pipeline per fused kernel: a third of the
 # suite's compile time (the QKFormer pipeline layout test: 17.5 s -> 11.8 s without them). The tests compile
-# their fusions with the elemental emitters instead (the train.py and launcher processes they start too); both
-# emitters compute IEEE float32/float64 the same way, and ``bench`` and ``train.py`` keep XLA's default.
-# Tests that set a child's XLA_FLAGS put this in front (``test_launch.child_env``).
+# their fusions with the elemental emitters instead (the train.py and launcher processes they start too);
+# ``bench`` and ``train.py`` keep XLA's default. The two emitters can differ in a result's last bit, so a test
+# that sets a child's XLA_FLAGS puts this in front (``test_launch.child_env``): processes compared bitwise
+# compile alike.
 COMPILE_SPEED_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 _FLAGS = os.environ.get("XLA_FLAGS", "")
 if "xla_cpu_use_fusion_emitters" not in _FLAGS:
