@@ -102,14 +102,19 @@ def neuron_case(request, neuron_reference) -> tuple[dict, dict]:
 
 
 @contextlib.contextmanager
-def x64_mode(enabled: bool):
-    """Set ``jax_enable_x64`` for a block and restore the previous setting (spikes need float64 to compare)."""
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", enabled)
+def jax_setting(name: str, value):
+    """Set JAX config option ``name`` for a block and restore the previous setting."""
+    previous = jax.config.read(name)
+    jax.config.update(name, value)
     try:
         yield
     finally:
-        jax.config.update("jax_enable_x64", previous)
+        jax.config.update(name, previous)
+
+
+def x64_mode(enabled: bool):
+    """``jax_enable_x64`` for a block (spikes need float64 to compare)."""
+    return jax_setting("jax_enable_x64", enabled)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ parallelism inside each) unless said otherwise; ``reference`` is the uninterrupt
 reproduce it bitwise, 1 process x 8 devices and the other layouts to rounding.
 """
 import ast
-import importlib.util
 import json
 import os
 import pathlib
@@ -25,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from test_launch import ROOT, child_env, launch_cmd
+from test_train import load_config
 
 from snnjax import launch
 from snnjax.train import train_and_evaluate
@@ -74,10 +74,7 @@ def metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
 
 def digits_config(flags: list[str]):
     """``configs/digits.py`` with ``--config.KEY=VALUE`` flags applied, as train.py applies them."""
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = load_config("digits")
     c.lock()  # a misspelt key is an error, as in train.py
     for flag in flags:
         key, value = flag.removeprefix("--config.").split("=", 1)

@@ -8,7 +8,6 @@ programs compile about twice as fast; they compute the same values to rounding, 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import pathlib
 
@@ -16,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jax_setting
 from flax import nnx
 
 from snnjax import layers
@@ -36,15 +36,9 @@ GOLDEN = [(name, "xla") for name in ZOO_CASES + MS_CASES] + [
     (name, "native") for name in ("spiking_resnet18", "dvsgesture_net", "ms_resnet")]
 
 
-@contextlib.contextmanager
 def quick_compiles():
     """``jax_disable_most_optimizations`` for a block, the previous setting restored after."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", previous)
+    return jax_setting("jax_disable_most_optimizations", True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -148,6 +148,11 @@ def tap_conv(x: jax.Array, w: jax.Array, strides: tuple[int, int], padding: Sequ
     return out
 
 
+def _transpose(linear, in_shape: Sequence[int], g: jax.Array) -> jax.Array:
+    """``linear``'s transpose applied to ``g``: the gradient of a ``tap_conv`` for an input of ``in_shape``."""
+    return jax.linear_transpose(linear, jax.ShapeDtypeStruct(tuple(in_shape), g.dtype))(g)[0]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def conv2d_nhwc(x: jax.Array, w: jax.Array, strides: tuple[int, int], padding: tuple[tuple[int, int], ...],
                 precision=None, out_dtype=None) -> jax.Array:
@@ -176,8 +181,8 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
     """
     acc = _acc_dtype(g.dtype)
     if _single_output(x_shape, w.shape, strides, padding):
-        conv = functools.partial(tap_conv, w=w, strides=strides, padding=padding, precision=precision)
-        return jax.linear_transpose(conv, jax.ShapeDtypeStruct(tuple(x_shape), acc))(g.astype(acc))[0]
+        return _transpose(functools.partial(tap_conv, w=w, strides=strides, padding=padding, precision=precision),
+                          x_shape, g.astype(acc))
     if _tiny_output(x_shape, w.shape, strides, padding) or _tiny_input(x_shape, w.shape):
         return col2im_input_grad(g, w, x_shape, strides, padding, precision)
     pads = []
@@ -216,8 +221,8 @@ def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: tup
     """
     acc = _acc_dtype(x.dtype)
     if _single_output(x.shape, w_shape, strides, padding):
-        conv = functools.partial(tap_conv, x, strides=strides, padding=padding, precision=precision)
-        return jax.linear_transpose(conv, jax.ShapeDtypeStruct(tuple(w_shape), acc))(g.astype(acc))[0]
+        return _transpose(functools.partial(tap_conv, x, strides=strides, padding=padding, precision=precision),
+                          w_shape, g.astype(acc))
     kh, kw = w_shape[:2]
     pads = []
     for k, s, (lo, hi), size, out in zip((kh, kw), strides, padding, x.shape[1:3], g.shape[1:3], strict=True):
