@@ -75,10 +75,10 @@ def main(argv: list[str]) -> int:
     config = FLAGS.config
     _set_none(config, _NONE_KEYS)
     # Imported here, not at the top: a bad flag fails before JAX loads, and malloc is set before JAX allocates.
-    from snnjax import hostmem  # noqa: PLC0415
+    from snnjax.runtime import hostmem  # noqa: PLC0415
 
     hostmem.keep_freed_memory()  # reuse freed step buffers instead of re-faulting their pages each step
-    from snnjax import distributed  # noqa: PLC0415
+    from snnjax.runtime import distributed  # noqa: PLC0415
 
     try:  # before anything starts JAX's backend
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,

@@ -21,7 +21,7 @@ from test_parallel_equivalence import BATCH, TOL, _flat, _rel, gathered_dims, in
 from snnjax import parallel
 from snnjax.models import CIFAR10DVSVGG, SpikingMLP
 from snnjax.neurons import set_impl
-from snnjax.neurons import temporal as neuron_temporal
+from snnjax.neurons.kernels import temporal as neuron_temporal
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig

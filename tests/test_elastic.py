@@ -26,7 +26,7 @@ import pytest
 from test_launch import ROOT, child_env, launch_cmd
 from test_train import load_config
 
-from snnjax import launch
+from snnjax.runtime import launch
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import complete_steps
 

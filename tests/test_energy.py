@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from test_streaming import F64, build, randomize_batch_norm
 
-from snnjax import energy
+from snnjax.deploy import energy
 from snnjax.deploy.graph import layer_ops
 from snnjax.deploy.opcount import count_ops
 from snnjax.deploy.ops import run_ops

@@ -1,4 +1,4 @@
-"""Multi-process runs: ``snnjax.distributed.initialize``, the local launcher, a stuck process, the distributed
+"""Multi-process runs: ``snnjax.runtime.distributed.initialize``, the local launcher, a stuck process, the distributed
 benchmark.
 
 Training jobs of several processes (2 processes train as 1 does, restarts, checkpoints across process counts) are
@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 from conftest import COMPILE_SPEED_FLAGS
 
-from snnjax import distributed, launch, xla_options
+from snnjax import xla_options
 from snnjax.data.loader import Loader, process_slice
 from snnjax.data.source import ArraySource
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.runtime import distributed, launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLUSTER_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
@@ -42,7 +43,7 @@ def child_env(**extra) -> dict[str, str]:
 
 
 def launch_cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "snnjax.launch", *map(str, args)]
+    return [sys.executable, "-m", "snnjax.runtime.launch", *map(str, args)]
 
 
 def write_script(tmp_path, body: str) -> pathlib.Path:
@@ -103,7 +104,7 @@ WAITER = """
 """
 
 
-# -- snnjax.distributed.initialize ---------------------------------------------------------------
+# -- snnjax.runtime.distributed.initialize ---------------------------------------------------------------
 
 
 def test_single_process_is_a_no_op(monkeypatch):
@@ -163,7 +164,8 @@ def test_joining_after_jax_started_is_an_error():
 
 
 def test_local_device_count_sets_the_cpu_devices():
-    code = ("from snnjax import distributed; import jax; assert distributed.initialize(local_device_count=3) is False;"
+    code = ("from snnjax.runtime import distributed; import jax;"
+            "assert distributed.initialize(local_device_count=3) is False;"
             "print(jax.device_count(), jax.process_count())")
     env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")  # the argument wins
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -172,7 +174,7 @@ def test_local_device_count_sets_the_cpu_devices():
 
 def test_unreachable_coordinator_is_a_clear_error():
     address = f"127.0.0.1:{launch.free_port()}"  # nothing serves it
-    code = f"from snnjax import distributed; distributed.initialize({address!r}, 2, 1, timeout_s=1)"
+    code = f"from snnjax.runtime import distributed; distributed.initialize({address!r}, 2, 1, timeout_s=1)"
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and time.monotonic() - t0 < 30
@@ -340,7 +342,7 @@ def test_a_stuck_process_ends_the_job_within_the_collective_timeout(tmp_path):
     """Two processes (no launcher to stop them): rank 1 stops answering mid-run; both exit with errors."""
     script = write_script(tmp_path, """
         import sys, time
-        from snnjax import distributed
+        from snnjax.runtime import distributed
         distributed.initialize()
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P

@@ -1,10 +1,10 @@
-"""What only the native CPU kernels (``snnjax.native``, C++ through XLA FFI) have; ``test_neuron_impls.py`` runs
+"""What only the native CPU kernels (C++ through XLA FFI) have; ``test_neuron_impls.py`` runs
 them through every check shared by the implementations.
 
 - Work chunks keep the backward's scratch in cache.
 - Dispatch: ``auto`` falls back to XLA when the kernels cannot be built (with a warning);
   explicit ``native`` says why it cannot run; build errors name the compiler and its message.
-- glibc's allocator keeps freed memory (``snnjax.hostmem``).
+- glibc's allocator keeps freed memory (``snnjax.runtime.hostmem``).
 - Outputs large enough for the kernels' non-temporal (streaming) stores: same spikes and V
   as the XLA path, gradients to 1e-10 (float64) / 1e-5 (float32; 1e-4 for ``w``).
 """
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from neuron_checks import assert_same_run
 
-from snnjax import hostmem
 from snnjax import neurons as F
-from snnjax.native import build
-from snnjax.native import neuron as N
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import run_vjp
+from snnjax.neurons.kernels.native import build
+from snnjax.neurons.kernels.native import neuron as N
+from snnjax.runtime import hostmem
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 tests turn x64 on for themselves
 
@@ -58,7 +58,7 @@ def test_auto_falls_back_to_xla_when_the_kernels_cannot_be_built(monkeypatch, ca
 
     monkeypatch.setattr(build, "load", fail)
     cfg = F.NeuronConfig()
-    with caplog.at_level(logging.WARNING, logger="snnjax.native.build"):
+    with caplog.at_level(logging.WARNING, logger="snnjax.neurons.kernels.native.build"):
         assert F.resolve_impl("auto", cfg, jnp.ones((3, 4))) == "xla"
     assert "using the XLA path: no C++ compiler found (test)" in caplog.text
     with pytest.raises(build.NativeBuildError, match=r"no C\+\+ compiler"):

@@ -43,13 +43,13 @@ from neuron_checks import (
 )
 
 from snnjax import neurons as F
-from snnjax import pallas as P
 from snnjax.interop import check
-from snnjax.native import neuron as N
-from snnjax.neurons import dispatch
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import REFERENCE, implementation, rel_error, run_vjp
+from snnjax.neurons.kernels import dispatch
+from snnjax.neurons.kernels import pallas as P
+from snnjax.neurons.kernels.native import neuron as N
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # float64 tests turn x64 on for themselves
 IMPLS = ("xla", "pallas", "native")

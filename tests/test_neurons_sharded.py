@@ -20,9 +20,9 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.base import NeuronConfig
+from snnjax.neurons.kernels import dispatch
 
 TOL = 1e-12
 SHAPE = (3, 8, 4, 2, 8)  # [T, N, H, W, C]: M = 512 neurons, 64 per device

@@ -13,7 +13,7 @@ from test_streaming import F64, build, randomize_batch_norm
 
 from snnjax import layers
 from snnjax.deploy.graph import UnsupportedModelError
-from snnjax.interop.nir import NIRError, fold_batchnorm, from_nir, to_nir
+from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
 from snnjax.models.sequential import Sequential, dvs_gesture_net
 from snnjax.neurons import ATan
@@ -140,6 +140,6 @@ def test_spikingjelly_imports_our_nir_files_and_reproduces_outputs(x64, tmp_path
 
 
 def test_only_the_nir_module_imports_nir():
-    """The ``nir`` package is optional: only ``snnjax.interop.nir`` imports it."""
+    """The ``nir`` package is optional: only ``snnjax.deploy.nir`` imports it."""
     graph = grimp.build_graph("snnjax", include_external_packages=True)
-    assert graph.find_modules_that_directly_import("nir") == {"snnjax.interop.nir"}
+    assert graph.find_modules_that_directly_import("nir") == {"snnjax.deploy.nir"}

@@ -1,4 +1,4 @@
-"""What only the Pallas kernels (``snnjax.pallas``) have; ``test_neuron_impls.py`` runs them (interpret mode
+"""What only the Pallas kernels (``neurons.kernels.pallas``) have; ``test_neuron_impls.py`` runs them (interpret mode
 on the CPU) through every check shared by the implementations.
 
 - Without a GPU the kernels are lowered for CUDA (``lowering_platforms=("cuda",)``), which
@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import pytest
 
 from snnjax import neurons as F
-from snnjax import pallas as P
 from snnjax.neurons import modules as M
 from snnjax.neurons import surrogate as sg
+from snnjax.neurons.kernels import pallas as P
 
 pytestmark = pytest.mark.usefixtures("x32_module")
 

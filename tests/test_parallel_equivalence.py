@@ -7,7 +7,7 @@ and BatchNorm statistics (relative error <= 1e-9). One compiled step per (model,
 serves both checks and the HLO assertions.
 
 The neurons run as the models build them (``impl="auto"``): the fused native kernels, on
-one device as they are and under every layout through ``snnjax.neurons.sharded``, per
+one device as they are and under every layout through ``snnjax.neurons.kernels.sharded``, per
 device on its shard; each compiled step must contain them (``neuron_kernels`` below).
 
 Errors are normwise relative, ``||a - b|| / ||b||``. A conv / linear bias followed by

@@ -1,4 +1,4 @@
-"""The time-sharded neuron (``snnjax.neurons.temporal``) equals the unsharded one, and its schedule is as stated.
+"""The time-sharded neuron (``neurons.kernels.temporal``) equals the unsharded one, and its schedule is as stated.
 
 float64 on 8 host devices: spikes identical, states and gradients (x, v_init, PLIF's w) within 1e-12
 relative of the ``xla`` path on one device, for every neuron variant, with T split over ``time``

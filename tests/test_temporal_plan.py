@@ -13,8 +13,8 @@ from snnjax import parallel
 from snnjax.bench import temporal as temporal_bench
 from snnjax.models import CIFAR10DVSVGG
 from snnjax.neurons import base as B
-from snnjax.neurons import dispatch
-from snnjax.neurons import temporal as neuron_temporal
+from snnjax.neurons.kernels import dispatch
+from snnjax.neurons.kernels import temporal as neuron_temporal
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import report
 from snnjax.parallel import temporal as temporal_lib

@@ -22,10 +22,10 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from snnjax import hostmem
 from snnjax.models import create_model
 from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
 from snnjax.parallel.pipeline_plan import choose_microbatches
+from snnjax.runtime import hostmem
 from snnjax.train import base_config, train_and_evaluate, validate
 from snnjax.train.checkpoint import CheckpointError
 from snnjax.train.config import source_kwargs

@@ -434,9 +434,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.devices:
         _set_device_count(args.devices)
-    from snnjax import distributed, hostmem
+    from snnjax.runtime import distributed, hostmem
 
-    distributed.initialize()  # under snnjax.launch (or a cluster): join the job; a single process: nothing
+    distributed.initialize()  # under snnjax.runtime.launch (or a cluster): join the job; a single process: nothing
 
     hostmem.keep_freed_memory()  # as train.py and the other benchmarks do
     import jax

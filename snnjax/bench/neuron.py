@@ -19,7 +19,7 @@ dS, write dX): 20 B in float32, 10 B in bfloat16. The roofline fraction divides 
 the copy bandwidth measured in the same run (a jitted elementwise pass over 1 GiB,
 ``--copy-mib``, written in place; bytes read + written); the copy rate into a newly
 allocated buffer is recorded beside it. Both processes (ours and SpikingJelly's) first
-call ``snnjax.hostmem.keep_freed_memory()``, as ``train.py`` does, unless
+call ``snnjax.runtime.hostmem.keep_freed_memory()``, as ``train.py`` does, unless
 ``--default-allocator``: with glibc's default thresholds each call re-faults the pages of
 its large buffers.
 
@@ -70,7 +70,7 @@ def parse_impl(spec: str):
 
     ``spec``: ``xla``, ``autodiff``, ``native``, ``pallas`` or ``pallas:key=value,...``.
     """
-    from snnjax import pallas as P
+    from snnjax.neurons.kernels import pallas as P
 
     name, _, opts = spec.partition(":")
     if name in ("xla", "autodiff", "native") and not opts:
@@ -92,7 +92,7 @@ def make_step(spec: str, cfg):
     import jax
 
     from snnjax import neurons
-    from snnjax import pallas as P
+    from snnjax.neurons.kernels import pallas as P
 
     name, opts = parse_impl(spec)
     if name in ("xla", "native"):
@@ -265,12 +265,12 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
                    help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
     p.add_argument("--default-allocator", action="store_true",
-                   help="leave glibc's malloc thresholds alone (default: snnjax.hostmem.keep_freed_memory, as "
+                   help="leave glibc's malloc thresholds alone (default: snnjax.runtime.hostmem.keep_freed_memory, as "
                         "train.py does, in this process and SpikingJelly's)")
     p.add_argument("--out", help="append one JSON line per (impl, T) to this file")
     args = p.parse_args(argv)
 
-    from snnjax import hostmem
+    from snnjax.runtime import hostmem
 
     keep_freed = not args.default_allocator and hostmem.keep_freed_memory()
 

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snnjax import pallas as P
 from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import differences, run_vjp
+from snnjax.neurons.kernels import pallas as P
 
 SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0), sg.Rect(alpha=2.0)]
 SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size

@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from snnjax import pallas as P
 from snnjax.neurons import base as B
-from snnjax.pallas.backward import backward
-from snnjax.pallas.forward import forward
+from snnjax.neurons.kernels import pallas as P
+from snnjax.neurons.kernels.pallas.backward import backward
+from snnjax.neurons.kernels.pallas.forward import forward
 
 FORWARD = {"block_m": [512, 1024, 2048], "num_warps": [8], "time_chunk": [4, 8, 16, 32]}
 BACKWARD = {"block_m_backward": [256, 512], "num_warps_backward": [4], "time_chunk": [4, 8, 16]}

@@ -139,7 +139,7 @@ def thread_info() -> dict:
 
 
 def keep_freed_memory() -> bool:
-    """``snnjax.hostmem.keep_freed_memory()``, loaded by path (the package's ``__init__`` would import JAX)."""
+    """``snnjax.runtime.hostmem.keep_freed_memory()``, loaded by path (the package's ``__init__`` would import JAX)."""
     spec = importlib.util.spec_from_file_location("_snnjax_hostmem", os.path.join(os.path.dirname(HERE), "hostmem.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

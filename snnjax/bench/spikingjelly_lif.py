@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--inner", type=int, default=1, help="calls per timed repetition (one sync at its end)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--keep-freed-memory", action="store_true", help="snnjax.hostmem.keep_freed_memory() first")
+    p.add_argument("--keep-freed-memory", action="store_true", help="snnjax.runtime.hostmem.keep_freed_memory() first")
     args = p.parse_args(argv)
     if args.keep_freed_memory:
         peer.keep_freed_memory()

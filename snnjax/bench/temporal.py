@@ -12,8 +12,8 @@ neurons (blocks, bubble ``(P-1)/(B+P-1)``, what computes each block) and the med
 ``--repeats`` runs after a warm-up (0: compile only). ``--impls``: the neuron implementations
 compared, timed interleaved (one run of each per repeat); under time sharding the implementation
 each block runs (``xla``: the ``lax.scan`` path; ``native`` / ``pallas``: that fused kernel; ``auto``: as
-``snnjax.neurons.temporal.KERNEL_BLOCK_BACKENDS`` says). The model's neurons go through
-``snnjax.neurons.dispatch``, so there the records' ``block_impl`` says what the dispatcher ran per
+``snnjax.neurons.kernels.temporal.KERNEL_BLOCK_BACKENDS`` says). The model's neurons go through
+``snnjax.neurons.kernels.dispatch``, so there the records' ``block_impl`` says what the dispatcher ran per
 block. ``layer``: LIF forward + backward on ``[T, N, 48, 48, width]`` (CIFAR10DVSVGG's first layer);
 ``model``: a CIFAR10DVSVGG train step (Adam) with the widths divided by ``--width-div``, on the
 layout the mesh's axes imply (``parallel.plan``; the batch must divide over ``data``).
@@ -86,7 +86,7 @@ def layer_records(t: int, spec: str, batch: int, width: int, impls: list[str], r
     from jax.sharding import PartitionSpec as P
 
     from snnjax.neurons import base as B
-    from snnjax.neurons import dispatch, temporal
+    from snnjax.neurons.kernels import dispatch, temporal
 
     shape = (t, batch, 48, 48, width)
     mesh = _mesh(spec)
@@ -131,7 +131,7 @@ def model_records(t: int, spec: str, batch: int, width_div: int, impls: list[str
     from snnjax import parallel
     from snnjax.models import CIFAR10DVSVGG
     from snnjax.models.vgg import DEFAULT_WIDTHS
-    from snnjax.neurons import temporal
+    from snnjax.neurons.kernels import temporal
     from snnjax.neurons.modules import BaseNode
     from snnjax.train import apply_plan
     from snnjax.train.step import StepConfig, TrainState, split_model

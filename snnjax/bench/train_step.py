@@ -120,8 +120,8 @@ def config_step(path: str, batch: int, t: int | None, num_classes: int | None, d
 
     from snnjax.bench import data as bench_data
     from snnjax.data import Loader
+    from snnjax.deploy.energy import load_config
     from snnjax.deploy.run import make_source
-    from snnjax.energy import load_config
     from snnjax.layers.conv_cpu import compiler_options
     from snnjax.models import create_model
     from snnjax.train import config as config_lib
@@ -213,7 +213,7 @@ def main(argv=None) -> dict:
         return main_config(args)
     args.batch_size, args.T = args.batch_size or 8, args.T or 4
 
-    from snnjax import hostmem
+    from snnjax.runtime import hostmem
 
     hostmem.keep_freed_memory()
     import jax
@@ -255,12 +255,12 @@ def main_config(args) -> dict:
     """``main`` for ``--config``: the config's own step on a generated batch of its dataset."""
     import tempfile
 
-    from snnjax import hostmem
+    from snnjax.runtime import hostmem
 
     hostmem.keep_freed_memory()
     import jax
 
-    from snnjax.energy import load_config
+    from snnjax.deploy.energy import load_config
 
     batch = args.batch_size or load_config(args.config, []).global_batch_size
     with tempfile.TemporaryDirectory(prefix="snnjax-train-step-") as data_dir:

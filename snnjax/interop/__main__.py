@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from snnjax.interop import check
-from snnjax.neurons.dispatch import IMPLS
+from snnjax.neurons.kernels.dispatch import IMPLS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,9 +35,9 @@ from snnjax.models import (
 )
 from snnjax.models.vgg import DEFAULT_POOLS
 from snnjax.neurons import base as B
-from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import rel_error
+from snnjax.neurons.kernels import dispatch
 from snnjax.neurons.modules import BaseNode
 
 TOLERANCE = 1e-8

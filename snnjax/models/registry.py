@@ -144,7 +144,7 @@ REGISTRY: dict[str, ModelEntry] = {
 MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
 # Options every model takes besides its constructor's: the multi-step neurons' implementation
-# (``snnjax.neurons.dispatch``; set on the built model's neurons).
+# (``snnjax.neurons.kernels.dispatch``; set on the built model's neurons).
 COMMON_OPTIONS = {"neuron_impl": "auto"}
 TUPLE_KEYS = ("widths", "pools", "hidden", "stage_blocks", "stage_channels")  # sequences (tuples in the config)
 # Options whose None default means "not given" (MS-ResNet's neuron keywords, resolved as SpikingJelly does), by

@@ -17,7 +17,7 @@ paths start ``layers.i`` (and its SpikingJelly ``nn.Sequential`` key prefix is `
 
 ``Sequential.from_specs(in_shape, specs, rngs=...)`` builds the layers from plain dicts, the sizes
 following from ``in_shape`` (one example at one time step, ``(H, W, C)`` or ``(F,)``); a NIR graph
-imports into this form (``snnjax.interop.nir``), and ``dvs_gesture_net`` is built with it. Each spec
+imports into this form (``snnjax.deploy.nir``), and ``dvs_gesture_net`` is built with it. Each spec
 has a ``kind`` (``KINDS``):
 
 - ``{"kind": "conv", "features": O, "kernel": k, "stride": 1, "padding": 0, "bias": True}``

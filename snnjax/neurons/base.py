@@ -18,9 +18,9 @@ This module is the base every implementation shares: the configuration, the
 equations (``charge``, ``reset``, one ``step``), the factors of the reverse
 recurrence (``dv_dh``, ``dx_from_dh``, ``plif_dw``) and ``multistep_reference``,
 the multi-step forward differentiated by plain autodiff (the reference in tests).
-The implementations of the multi-step neuron (``snnjax.neurons.xla``, the Pallas
-kernels of ``snnjax.pallas``, the C++ kernels of ``snnjax.native``) import only this
-module; ``snnjax.neurons.dispatch`` chooses between them.
+The implementations of the multi-step neuron (``snnjax.neurons.kernels.xla``, the Pallas
+kernels of ``snnjax.neurons.kernels.pallas``, the C++ kernels of ``snnjax.neurons.kernels.native``) import only this
+module; ``snnjax.neurons.kernels.dispatch`` chooses between them.
 """
 from __future__ import annotations
 

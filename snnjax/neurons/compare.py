@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from snnjax.neurons import base as B
-from snnjax.neurons import dispatch
+from snnjax.neurons.kernels import dispatch
 
 REFERENCE = "reference"  # plain autodiff through ``base.multistep_reference``
 IMPLS = (*dispatch.IMPLS, REFERENCE)
@@ -37,7 +37,7 @@ def run_vjp(impl: str | Callable, cfg: B.NeuronConfig, return_v_seq: bool, x, v_
     """``((spikes, v), (dx, dv_init, dw))``: the outputs of ``impl`` and their VJP for cotangents ``(ct_s, ct_v)``.
 
     ``impl``: a name (``implementation``), or a multistep function itself, e.g. the Pallas kernels
-    with chosen options, ``functools.partial(snnjax.pallas.multistep, options=...)`` (hashable; a new
+    with chosen options, ``functools.partial(snnjax.neurons.kernels.pallas.multistep, options=...)`` (hashable; a new
     object compiles anew). ``x``, ``ct_s`` and ``spikes`` are ``[T, ...]``; ``v`` and ``ct_v`` are
     ``[T, ...]`` with ``return_v_seq``, else ``[...]``; ``dv_init`` / ``dw`` are None where ``v_init`` / ``w`` are.
     """

@@ -9,7 +9,7 @@ potential lives in a ``MembranePotential`` variable across calls until
 single step. With ``store_v_seq=True`` the multi-step state sequence is sown as an
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
 ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``) picks the multi-step implementation
-(``snnjax.neurons.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
+(``snnjax.neurons.kernels.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
 Within ``observe(fn)`` every neuron call also hands ``(neuron, spikes, v)`` to ``fn`` (``v`` the state
 sequence in multi-step mode): ``snnjax.monitor`` reads firing rates and membrane potentials this way,
 without any change to the model's code.
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax.neurons import base as B
-from snnjax.neurons import dispatch
 from snnjax.neurons import surrogate as sg
+from snnjax.neurons.kernels import dispatch
 
 _OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_neuron_observer", default=None)
 
@@ -175,7 +175,7 @@ class ParametricLIFNode(BaseNode):
 
 def set_impl(model: nnx.Module, impl: str) -> int:
     """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
-    ``"native"``; ``snnjax.neurons.dispatch``). Returns the number of neurons changed."""
+    ``"native"``; ``snnjax.neurons.kernels.dispatch``). Returns the number of neurons changed."""
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
     count = 0

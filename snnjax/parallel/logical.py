@@ -36,7 +36,7 @@ code changes with the layout:
   runs unsharded, in tests and in notebooks); ``shards(name)`` tells
   ``layers.conv.Conv2d`` how ``[T, N]`` is split, so its merge keeps each device's block;
 * JAX's own mesh context (``jax.sharding.use_abstract_mesh``), which
-  ``snnjax.neurons.dispatch`` reads through ``jax.sharding.get_abstract_mesh()`` to
+  ``snnjax.neurons.kernels.dispatch`` reads through ``jax.sharding.get_abstract_mesh()`` to
   choose the neuron implementation.
 """
 from __future__ import annotations

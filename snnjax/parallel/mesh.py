@@ -1,6 +1,6 @@
 """The device mesh: named axes ``data``, ``fsdp``, ``tensor``, ``stage``, ``time`` (size 1 where unused).
 
-``time`` splits the time steps of the activations (temporal parallelism, ``snnjax.neurons.temporal``).
+``time`` splits the time steps of the activations (temporal parallelism, ``snnjax.neurons.kernels.temporal``).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from jax.sharding import PartitionSpec
 
 # Temporal parallelism: the time steps of activations over the ``time`` axis, in every strategy (a no-op
-# while it is 1); the neurons then run as a pipeline (``snnjax.neurons.temporal``).
+# while it is 1); the neurons then run as a pipeline (``snnjax.neurons.kernels.temporal``).
 TIME_RULES: dict[str, str] = {"time": "time"}
 BATCH_RULES: dict[str, str | tuple[str, ...]] = {"batch": ("data", "fsdp"), **TIME_RULES}
 TP_RULES: dict[str, str] = {"mlp": "tensor", "heads": "tensor"}

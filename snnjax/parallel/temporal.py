@@ -3,7 +3,7 @@
 With ``time = P > 1`` in the mesh, every strategy's rules put the logical ``time`` axis of the
 activations on it (``rules.TIME_RULES``): per-time-step layers partition like data parallelism
 (weight gradients and BatchNorm statistics all-reduced over ``time``, as over ``data``), and the
-neurons run as a pipeline over blocks of neurons (``snnjax.neurons.temporal``). ``summary`` states
+neurons run as a pipeline over blocks of neurons (``snnjax.neurons.kernels.temporal``). ``summary`` states
 the schedule; ``neuron_schedules`` lists each neuron layer's blocks, bubble and bytes for an input
 shape; ``StepLayout`` carries the requested block count into the traced step.
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 
-from snnjax.neurons import temporal as neuron_temporal
+from snnjax.neurons.kernels import temporal as neuron_temporal
 from snnjax.parallel import layout
 
 

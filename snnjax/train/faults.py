@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 
-from snnjax import distributed
+from snnjax.runtime import distributed
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -49,7 +49,7 @@ class StopSignals:
     With several processes, ``agreed`` makes them stop after the same step within a few steps of a
     signal reaching any of them, whatever the logging interval, through the key-value store of
     ``jax.distributed`` (see ``_Agreement``); the loop never waits on the device for it. Under the
-    launcher, a background thread also writes this process's heartbeat (``snnjax.distributed.Heartbeat``).
+    launcher, a background thread also writes this process's heartbeat (``snnjax.runtime.distributed.Heartbeat``).
     """
 
     def __init__(self):

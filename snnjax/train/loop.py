@@ -13,7 +13,7 @@ Faults a long run meets:
   resumed run continues the same trajectory bitwise. A second signal stops at
   once, as without these handlers. Several processes stop after the same step,
   within a few steps of the signal reaching any of them (``faults.StopSignals``).
-* A restart by ``snnjax.launch --max-restarts`` (or a SLURM requeue): the run
+* A restart by ``snnjax.runtime.launch --max-restarts`` (or a SLURM requeue): the run
   resumes from the latest complete checkpoint without ``resume=True``.
 * A step whose loss or gradient norm is NaN/inf (``config.nonfinite``):
   ``"stop"`` raises :class:`NonFiniteError` naming the step, before anything
@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from snnjax import distributed, monitor, parallel
+from snnjax import monitor, parallel
 from snnjax.data import Loader, get_source
 from snnjax.models import create_model, remat
 from snnjax.models.registry import REGISTRY, DataShape, sizes_from_data
@@ -50,6 +50,7 @@ from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import pipeline_plan
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.runtime import distributed
 from snnjax.train import config as config_lib
 from snnjax.train import faults, memory_search, pipeline_memory
 from snnjax.train import offload as offload_lib

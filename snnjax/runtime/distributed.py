@@ -197,7 +197,7 @@ def _before_backend(what: str) -> None:
 
     if xla_bridge.backends_are_initialized():
         raise RuntimeError(f"cannot {what}: JAX's backend in this process has already started (something computed, "
-                           "made an array or asked for jax.devices()). Call snnjax.distributed.initialize() before "
+                           "made an array or asked for jax.devices()). Call snnjax.runtime.initialize() before "
                            "any JAX computation (in a notebook: restart the kernel, call it in the first cell)")
 
 

@@ -36,9 +36,9 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import base as B
-from snnjax.pallas.backward import backward
-from snnjax.pallas.forward import forward
-from snnjax.pallas.options import DEFAULT, KernelOptions
+from snnjax.neurons.kernels.pallas.backward import backward
+from snnjax.neurons.kernels.pallas.forward import forward
+from snnjax.neurons.kernels.pallas.options import DEFAULT, KernelOptions
 
 # Off the CPU (interpret mode) the kernels are compiled for the GPU, where float64 is
 # not offered by this package (Triton's float64 is untested here): those use impl="xla".
@@ -123,7 +123,7 @@ def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.
     """The fused forward on ``x [T, M]``, for callers that run it per shard.
 
     Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
-    each ``[..., M]`` (the V checkpoints, if any). ``snnjax.neurons.sharded`` calls this and ``backward_rule``.
+    each ``[..., M]`` (the V checkpoints, if any). ``snnjax.neurons.kernels.sharded`` calls this and ``backward_rule``.
     """
     outs, (_, ck, _, _) = _fused_fwd(cfg, return_v_seq, options, x, v0, w)
     return outs, (() if ck is None else (ck,))

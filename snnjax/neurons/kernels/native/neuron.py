@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from snnjax.native import build
 from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
+from snnjax.neurons.kernels.native import build
 
 _SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3, sg.Rect: 4}
 _KIND_IDS = {"IF": 0, "LIF": 1, "PLIF": 2}
@@ -142,7 +142,7 @@ def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.
     """The fused forward on ``x [T, M]`` (already in the state dtype), for callers that run it per shard.
 
     Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
-    each ``[..., M]`` (none here). ``snnjax.neurons.sharded`` calls this and ``backward_rule``.
+    each ``[..., M]`` (none here). ``snnjax.neurons.kernels.sharded`` calls this and ``backward_rule``.
     """
     build.load()
     return _forward(cfg, return_v_seq, x, v0, w), ()

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from snnjax.neurons import base as B
-from snnjax.pallas.lanes import Lanes
-from snnjax.pallas.options import KernelOptions
+from snnjax.neurons.kernels.pallas.lanes import Lanes
+from snnjax.neurons.kernels.pallas.options import KernelOptions
 
 
 def chunks(T: int, K: int) -> tuple[int, int]:

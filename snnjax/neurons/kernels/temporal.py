@@ -20,10 +20,10 @@ needs a select; what it sends on an idle tick is zeroed. Spikes and states equal
 neuron's bit for bit (the same operations in the same order on the same values); gradients equal
 them to rounding (PLIF's ``dw`` is summed in another order).
 
-Per block runs the ``xla`` path (``snnjax.neurons.xla``) or, given a ``kernel`` (``snnjax.neurons.sharded.Kernel``:
+Per block runs the ``xla`` path (``kernels.xla``) or, given a ``kernel`` (``kernels.sharded.Kernel``:
 the native CPU kernels, the Pallas kernels), that kernel's forward and backward on the block flattened to
 ``[T/P, m]``; where other mesh axes (data, fsdp, tensor) split the activations too, the kernel runs through
-``snnjax.neurons.sharded`` on each device's share of the block. ``impl="auto"`` takes the kernel per
+``snnjax.neurons.kernels.sharded`` on each device's share of the block. ``impl="auto"`` takes the kernel per
 block only on the backends of ``KERNEL_BLOCK_BACKENDS``. On the 2-core CPU (``python -m snnjax.bench.temporal
 --what layer --impls xla,native``, float32 LIF forward + backward on ``[T, 2, 48, 48, C]``, T = 64 and 256,
 C = 64 and 128, P = 2, 4, 8) the ``xla`` path per block took 0.77-1.02x the native kernels' time (the
@@ -60,7 +60,7 @@ from jax._src import mesh as jax_mesh  # get_concrete_mesh: the devices of ``jax
 from jax.sharding import PartitionSpec as P
 
 from snnjax.neurons import base as B
-from snnjax.neurons import sharded, xla
+from snnjax.neurons.kernels import sharded, xla
 
 TIME_AXIS = "time"
 BUBBLE_TARGET = 0.10
@@ -220,7 +220,7 @@ def time_shards() -> int:
 
 
 def applies(x_seq) -> bool:
-    """Whether ``snnjax.neurons.dispatch`` runs ``x_seq`` through this pipeline (the mesh context shards time).
+    """Whether ``snnjax.neurons.kernels.dispatch`` runs ``x_seq`` through this pipeline (the mesh context shards time).
 
     Raises ValueError when time is sharded but ``T`` does not divide over it.
     """

@@ -3,19 +3,19 @@
 =========  ======================================================================  ===============
 impl       what runs                                                               where
 =========  ======================================================================  ===============
-``xla``    ``lax.scan`` with a hand-written backward (``snnjax.neurons.xla``)       everywhere
-``pallas`` fused multi-timestep kernels (``snnjax.pallas``); interpreted on a CPU  GPU (CPU: tests)
-``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.native``)     CPU
+``xla``    ``lax.scan`` with a hand-written backward (``snnjax.neurons.kernels.xla``)       everywhere
+``pallas`` fused multi-timestep kernels (``snnjax.neurons.kernels.pallas``); interpreted on a CPU  GPU (CPU: tests)
+``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.neurons.kernels.native``)     CPU
 ``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` otherwise (below)
 =========  ======================================================================  ===============
 
 All give the same spikes and states, and gradients equal to rounding. This module and
-``snnjax.neurons.sharded`` are the only ones that import the kernel packages; those import only
+``snnjax.neurons.kernels.sharded`` are the only ones that import the kernel packages; those import only
 ``snnjax.neurons.base``.
 
 Under a layout (a multi-device mesh is the current JAX mesh context, ``jax.sharding.get_abstract_mesh()``,
 entered by a ``snnjax.parallel`` layout while the step is traced), ``pallas`` and ``native`` run through
-``snnjax.neurons.sharded``: the SPMD partitioner sees an elementwise op over the trailing dims, keeps
+``snnjax.neurons.kernels.sharded``: the SPMD partitioner sees an elementwise op over the trailing dims, keeps
 the layout's sharding of them and runs the kernel on each device's block, with no gather (the time
 dim stays whole). That holds inside a ``shard_map`` that leaves mesh axes automatic too (a pipeline
 stage over ``stage`` with data / fsdp / tensor inside, a time segment with data inside): there the
@@ -30,7 +30,7 @@ they are, on the local block.
   cannot be compiled on this machine.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
-``snnjax.neurons.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
+``snnjax.neurons.kernels.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
 (``auto``: it was faster per block than the native kernels on the CPU) or by the kernel an explicit
 ``impl`` names.
 
@@ -51,12 +51,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from snnjax import pallas
-from snnjax.native import build as native_build
-from snnjax.native import neuron as native
 from snnjax.neurons import base as B
-from snnjax.neurons import sharded, temporal, xla
-from snnjax.pallas import api as pallas_api
+from snnjax.neurons.kernels import pallas, sharded, temporal, xla
+from snnjax.neurons.kernels.native import build as native_build
+from snnjax.neurons.kernels.native import neuron as native
+from snnjax.neurons.kernels.pallas import api as pallas_api
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Impl:
     ``multistep(cfg, x_seq, v_init, w, *, return_v_seq)`` has the contract of ``snnjax.neurons.multistep``;
     ``unsupported_reason(cfg, shape, dtype)`` says why it cannot run a call on ``backend`` (None if it can).
     ``auto_backend``: the backend on which ``auto`` prefers it (None: never preferred).
-    ``kernel``: its per-block rules, which ``snnjax.neurons.sharded`` runs under a layout (None: the partitioner
+    ``kernel``: its per-block rules, which ``snnjax.neurons.kernels.sharded`` runs under a layout (None: the partitioner
     shards ``multistep`` itself).
     """
 
@@ -113,7 +112,7 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
     """The implementation (``"xla"``, ``"pallas"`` or ``"native"``) that runs ``impl`` for this call.
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
-    (``snnjax.native.build.NativeBuildError`` where the native kernels cannot be compiled).
+    (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

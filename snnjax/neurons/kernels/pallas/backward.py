@@ -24,9 +24,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from snnjax.neurons import base as B
-from snnjax.pallas.forward import checkpoint_rows, chunks, start_row
-from snnjax.pallas.lanes import Lanes
-from snnjax.pallas.options import KernelOptions
+from snnjax.neurons.kernels.pallas.forward import checkpoint_rows, chunks, start_row
+from snnjax.neurons.kernels.pallas.lanes import Lanes
+from snnjax.neurons.kernels.pallas.options import KernelOptions
 
 
 def _kernel(cfg: B.NeuronConfig, T: int, K: int, return_v_seq: bool, dv_in: bool, dv0_out: bool, m: int, x_ref,

@@ -53,7 +53,7 @@ def multistep(kernel: Kernel, cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None
               return_v_seq: bool = False):
     """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, through ``kernel`` run per shard.
 
-    The caller (``snnjax.neurons.dispatch``) has checked that the kernel can run this call.
+    The caller (``snnjax.neurons.kernels.dispatch``) has checked that the kernel can run this call.
     """
     B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)

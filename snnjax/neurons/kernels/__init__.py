@@ -1,0 +1,14 @@
+"""The multi-step neuron op (IF / LIF / PLIF over ``[T, ...]``, forward and backward) and its implementations.
+
+``dispatch`` holds the table of implementations and ``auto``'s choice (``snnjax.neurons.multistep`` is its entry);
+beside it, one module or folder per implementation:
+
+- ``xla``: the pure-JAX reference, a ``lax.scan`` with a hand-written reverse recurrence (``custom_vjp``);
+- ``native``: fused kernels for the CPU in C++ through XLA FFI, compiled on first use;
+- ``pallas``: fused kernels for the GPU in Pallas (run on the CPU with ``interpret=True`` in tests);
+- ``sharded``: any kernel under a multi-device layout (each device its shard of neurons);
+- ``temporal``: the time axis split over devices (the potential passed between them).
+
+Every implementation imports only ``snnjax.neurons.base`` and ``surrogate`` (the equations), so each is checked
+against the reference alone (``snnjax.neurons.compare``).
+"""
