@@ -22,8 +22,12 @@ from flax import nnx  # noqa: E402
 
 from snnjax import parallel  # noqa: E402
 from snnjax.models import Spikformer  # noqa: E402
-from snnjax.train import apply_plan  # noqa: E402
-from snnjax.train.step import StepConfig, TrainState, split_model  # noqa: E402
+from snnjax.train import (  # noqa: E402
+    StepConfig,
+    TrainState,
+    apply_plan,  # noqa: E402
+    split_model,
+)
 
 print(jax.device_count(), "devices:", jax.devices()[0].platform)
 

@@ -8,8 +8,10 @@ What a notebook needs, importable from here:
     trainer.step(batch); trainer.evaluate(batches); trainer.save(dir); trainer.model()
     net = snnjax.load_model(net, dir)
 
-Subpackages: ``neurons``, ``layers``, ``models``, ``parallel``, ``train``, ``data``, ``interop``,
-``monitor`` (firing rates), ``viz`` (plots; needs matplotlib: ``pip install snnjax[viz]``).
+Subpackages: ``neurons``, ``layers``, ``models``, ``parallel``, ``train``, ``data``, ``interop``, ``deploy``,
+``runtime``; modules ``monitor`` (firing rates) and ``viz`` (plots; needs matplotlib: ``pip install snnjax[viz]``,
+so ``from snnjax import viz`` imports it). The names in each one's ``__all__`` are the public API; every
+module not listed there (``snnjax.train.step``, ``snnjax.neurons.kernels``, ...) is internal and may change.
 """
 # Before anything else: XLA reads XLA_FLAGS once, when JAX starts (snnjax.xla_options.use_by_default).
 from snnjax import xla_options  # noqa: I001
@@ -19,7 +21,7 @@ CPU_CONV_DEFAULT = xla_options.use_by_default()  # plain jax.jit gets the librar
 from importlib.metadata import PackageNotFoundError  # noqa: E402
 from importlib.metadata import version as _version  # noqa: E402
 
-from snnjax import layers, models, neurons, parallel  # noqa: E402, F401
+from snnjax import data, deploy, interop, layers, models, monitor, neurons, parallel, runtime, train  # noqa: E402, F401
 from snnjax.models.sequential import Sequential  # noqa: E402
 from snnjax.parallel.pipeline_plan import PipelineOptions  # noqa: E402
 from snnjax.train.model_trainer import ModelTrainer, load_model, trainer  # noqa: E402
@@ -29,5 +31,5 @@ try:
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["CPU_CONV_DEFAULT", "ModelTrainer", "PipelineOptions", "Sequential", "__version__", "layers", "load_model",
-           "models", "neurons", "parallel", "trainer"]
+__all__ = ["CPU_CONV_DEFAULT", "ModelTrainer", "PipelineOptions", "Sequential", "__version__", "data", "deploy",
+           "interop", "layers", "load_model", "models", "monitor", "neurons", "parallel", "runtime", "train", "trainer"]

@@ -21,6 +21,8 @@ from flax import nnx
 
 from snnjax.neurons.modules import BaseNode, observe
 
+__all__ = ["firing_rates", "record", "spike_counts"]
+
 
 def record(model: nnx.Module, x: jax.Array, *, train: bool = False) -> dict[str, dict[str, jax.Array]]:
     """Each neuron's ``spikes`` and membrane potential ``v`` (``[T, N, ...]``, multi-step) for input ``x``."""

@@ -26,6 +26,8 @@ try:
 except ImportError as e:  # an optional extra
     raise ImportError("snnjax.viz draws with matplotlib: pip install 'snnjax[viz]' (or pip install matplotlib)") from e
 
+__all__ = ["firing_rates", "membrane", "raster", "sharding", "stage_rows"]
+
 
 def _axes(ax, figsize=(6, 3)):
     return ax if ax is not None else plt.subplots(figsize=figsize)[1]

@@ -5,6 +5,7 @@ multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels,
 layouts, and ``dispatch``, the table of implementations) -> ``modules`` (NNX); ``compare`` (relative errors and
 VJPs of any implementation) serves the kernel checks and tests.
 """
+from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step
 from snnjax.neurons.kernels.dispatch import IMPLS, multistep, resolve_impl
 from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
@@ -13,5 +14,5 @@ from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, So
 __all__ = [
     "ATan", "IFNode", "IMPLS", "LIFNode", "MembranePotential", "NeuronConfig", "ParametricLIFNode",
     "PiecewiseQuadratic", "Rect", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
-    "resolve_impl", "set_impl", "spike", "step",
+    "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

@@ -16,6 +16,8 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
+__all__ = ["ATan", "PiecewiseQuadratic", "Rect", "Sigmoid", "SoftSign", "Surrogate", "get", "name_of", "spike"]
+
 
 class Surrogate(Protocol):
     """What a neuron needs of a surrogate function."""
