@@ -1,7 +1,7 @@
-"""``python -m snnjax.predict``: the command of :mod:`snnjax.deploy.predict`."""
+"""``python -m snnjax.predict``: the command of :mod:`snnjax.deploy.prediction`."""
 import sys
 
-from snnjax.deploy.predict import main
+from snnjax.deploy.prediction import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from test_predict import digits_config
 from test_streaming import randomize_batch_norm
 
 from snnjax.deploy import export as export_lib
-from snnjax.deploy.export import load_exported
+from snnjax.deploy.exported import load_exported
 from snnjax.deploy.run import load_run
 from snnjax.models import CIFAR10DVSVGG
 from snnjax.train import train_and_evaluate

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from snnjax.deploy import predict as predict_lib
+from snnjax.deploy import prediction as predict_lib
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import CheckpointError
 

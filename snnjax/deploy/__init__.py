@@ -1,17 +1,19 @@
 """After training: prediction, export (writer and reader), streaming, NIR, operation counts and energy.
 
 - ``run``: a trained run restored for inference (``load_run``).
-- ``predict``: predictions of a run on a data split (``python -m snnjax.predict``).
-- ``export``: a file that runs without the model's code, and its reader (``python -m snnjax.export``).
+- ``prediction``: predictions of a run on a data split (``python -m snnjax.predict``).
+- ``export``: a file that runs without the model's code (``python -m snnjax.export``); ``exported``: its reader,
+  which imports only jax and numpy.
 - ``streaming``: one time step at a time with carried neuron state (``Streamer``).
 - ``nir``: NIR graphs to and from models (needs ``pip install snnjax[nir]``; imported as ``snnjax.deploy.nir``).
 - ``opcount`` / ``energy``: synaptic operations per layer and their energy (``python -m snnjax.energy``).
 - ``graph`` / ``ops``: a model as a chain of layer operations, which export and streaming step through.
 """
 from snnjax.deploy.energy import energy_report
-from snnjax.deploy.export import ExportedModel, export_model, export_run, load_exported
+from snnjax.deploy.export import export_model, export_run
+from snnjax.deploy.exported import ExportedModel, load_exported
 from snnjax.deploy.opcount import OpReport, count_ops
-from snnjax.deploy.predict import Predictions, predict, predict_run
+from snnjax.deploy.prediction import Predictions, predict, predict_run
 from snnjax.deploy.run import RestoredRun, load_run
 from snnjax.deploy.streaming import Streamer
 
