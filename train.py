@@ -54,7 +54,7 @@ except (AttributeError, KeyError, TypeError, ValueError) as e:
     _bad_override(e, sys.argv)
 
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and summary.json go (default: runs/<config name>).")
-# A multi-process run (README "Multi-host training"): all three, the same address and count in every process,
+# A multi-process run (docs/multihost.md): all three, the same address and count in every process,
 # or none (then $JAX_COORDINATOR_ADDRESS / $JAX_NUM_PROCESSES / $JAX_PROCESS_ID, a SLURM or Open MPI job, or one
 # process). `python -m snnjax.launch` sets them for processes on this machine.
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, which serves the job's coordinator.")

@@ -9,7 +9,7 @@ each comparison key, and writes three PNG charts into DIR, one section per model
   optimizer state per device beside it;
 - ``spikingjelly.png``: step milliseconds, ours against SpikingJelly's, for the records that carry a
   comparison (the ratio printed beside them).
-``--table`` also prints the Markdown table of ``layout_table`` (the README's "Choosing a layout"). Drawn with
+``--table`` also prints the Markdown table of ``layout_table`` (docs/layouts.md, "Choosing a layout"). Drawn with
 Pillow (a dependency already), so no plotting library is needed.
 """
 from __future__ import annotations
