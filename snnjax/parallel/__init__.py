@@ -19,8 +19,9 @@ from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.parallel.plan import Plan, plan
 from snnjax.parallel.report import collective_stats, format_report, memory_stats, step_report
 from snnjax.parallel.rules import MODES, STRATEGIES, Strategy, get_strategy
+from snnjax.parallel.temporal import neuron_schedules
 
 __all__ = ["AXES", "LOGICAL_AXES", "MODES", "OBJECTIVES", "PipelineOptions", "Plan", "STRATEGIES", "StepLayout",
            "Strategy", "analyze", "annotate", "collective_stats", "constrain", "describe_shardings",
            "describe_stage_rows", "format_report", "get_strategy", "infer_mode", "logical_axes", "make_mesh",
-           "memory_stats", "plan", "shard_blocks", "stage_rows", "step_report"]
+           "memory_stats", "neuron_schedules", "plan", "shard_blocks", "stage_rows", "step_report"]
