@@ -13,13 +13,13 @@ The file is a zip archive:
 - ``meta.json``: format version, input shape per example and time step, ``time_steps``, dtype,
   the neuron states of the single step (shape without the batch, initial value), the run it came from;
 - ``multi_step.jax``: ``jax.export`` serialisation (StableHLO) of ``(params, x [T, b, ...]) -> logits [T, b, K]``;
-- ``single_step.jax``: of ``(params, states, x [b, ...]) -> (logits [b, K], states)`` (absent for models that
-  are not an op chain, e.g. Spikformer);
+- ``single_step.jax``: of ``(params, states, x [b, ...]) -> (logits [b, K], states)``, the model's own layers
+  with its neurons in single-step mode (``snnjax.deploy.streaming.step``; absent, with the reason in
+  ``meta.json``'s ``single_step_note``, for a model streaming refuses);
 - ``params.npz``: the parameters and BatchNorm statistics, the functions' first argument (a list, in order).
 
-The batch size ``b`` is symbolic: one file serves every batch size. The single step exists for op-chain models
-(MLP, CIFAR10DVSVGG, a Sequential of op layers). Neurons run their portable ``xla`` implementation (no custom
-kernels in the file).
+The batch size ``b`` is symbolic: one file serves every batch size. Neurons run their portable ``xla``
+implementation (no custom kernels in the file).
 """
 from __future__ import annotations
 
@@ -31,18 +31,17 @@ import pathlib
 import sys
 import zipfile
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from snnjax.deploy.graph import UnsupportedModelError, layer_ops
-from snnjax.deploy.ops import initial_states, step_ops
-from snnjax.deploy.run import load_run, read_config
-from snnjax.neurons.modules import BaseNode
+if TYPE_CHECKING:
+    from flax import nnx
 
+# The reader (ExportedModel, load_exported) needs only jax and numpy: a deployment copies this file alone (the
+# writer imports snnjax and flax inside its functions).
 FORMAT = "snnjax-export-1"
 
 
@@ -112,10 +111,14 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
     ``frame_shape``: one example at one time step (``(H, W, C)`` or ``(F,)``); ``time_steps``: the ``T`` of the
     multi-step variant; ``dtype``: the input dtype; ``platforms``: those the StableHLO is lowered for.
     """
+    from flax import nnx  # noqa: PLC0415 (the writer's imports: see the comment above FORMAT)
+
+    from snnjax.deploy.calls import UnsupportedModelError  # noqa: PLC0415
+    from snnjax.deploy.streaming import initial_states, step  # noqa: PLC0415
+    from snnjax.neurons.modules import set_impl  # noqa: PLC0415
+
     model.eval()
-    for _, m in nnx.iter_modules(model):
-        if isinstance(m, BaseNode):
-            m.impl = "xla"  # custom kernels (C++ FFI, Pallas) would tie the file to this build
+    set_impl(model, "xla")  # custom kernels (C++ FFI, Pallas) would tie the file to this build
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
     # RNG keys (dropout's stream, unused at inference) travel as their raw data and are wrapped again inside.
@@ -142,16 +145,15 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
                             "dtype": dtype.name, "platforms": list(platforms), **(info or {})}
     files = {"multi_step.jax": exported_multi.serialize()}
     try:
-        ops = layer_ops(model)
+        states = initial_states(model, jax.ShapeDtypeStruct((1, *frame), dtype))
     except UnsupportedModelError as e:
         meta["states"], meta["single_step_note"] = [], str(e)
     else:
-        states = initial_states(ops, jax.ShapeDtypeStruct((1, *frame), dtype))
         meta["states"] = [{"shape": list(s.shape[1:]), "dtype": s.dtype.name, "init": float(s.reshape(-1)[0])}
                           for s in states]
 
         def single(params, states, x):
-            return step_ops(layer_ops(rebuild(params)), x, states)
+            return step(rebuild(params), x, states)
 
         state_specs = [jax.ShapeDtypeStruct((b, *s.shape[1:]), s.dtype) for s in states]
         files["single_step.jax"] = jax.export.export(jax.jit(single), platforms=tuple(platforms))(
@@ -169,6 +171,8 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
 def export_run(workdir: str, out: str, *, checkpoint: int | None = None,
                platforms: Sequence[str] = PLATFORMS) -> dict[str, Any]:
     """Export the model of the run in ``workdir`` (checkpoint ``checkpoint``, default the latest) to ``out``."""
+    from snnjax.deploy.run import load_run  # noqa: PLC0415
+
     run = load_run(workdir, checkpoint)
     source = run.source("test")
     shape = tuple(source.example_shape)
@@ -188,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the file to write (a zip archive, see snnjax.deploy.export)")
     p.add_argument("--platforms", default=",".join(PLATFORMS), help="lower for these jax platforms (comma-separated)")
     args = p.parse_args(argv)
+    from snnjax.deploy.run import read_config  # noqa: PLC0415
+
     try:
         if read_config(args.workdir).dtype == "float64":
             jax.config.update("jax_enable_x64", True)
