@@ -10,11 +10,12 @@ import pytest
 from flax import nnx
 from test_streaming import F64, build, randomize_batch_norm
 
+from snnjax import layers
 from snnjax.deploy import energy
-from snnjax.deploy.graph import layer_ops
+from snnjax.deploy.calls import layer_chain
 from snnjax.deploy.opcount import count_ops
-from snnjax.deploy.ops import run_ops
 from snnjax.models.sequential import Sequential
+from snnjax.neurons.modules import BaseNode
 
 
 def fanout_map(size: int, k: int, stride: int, pad: int) -> np.ndarray:
@@ -32,40 +33,37 @@ def fanout_map(size: int, k: int, stride: int, pad: int) -> np.ndarray:
 def independent_counts(model, x):
     """Per conv / linear layer: (kind of input, AC per example, dense MAC per example), from each layer's input
     spikes before any pooling, counted with loops over the geometry."""
-    ops = layer_ops(model)
     seen = {"spikes": None, "pool": 1}
     counts = {}
-
-    def record(op, inputs, outputs):
-        if op.kind == "neuron":
+    for call in layer_chain(model, x)[1]:
+        m, inputs, outputs = call.module, call.x, call.y
+        if isinstance(m, BaseNode):
             seen.update(spikes=np.asarray(outputs), pool=1)
-        elif op.kind == "avgpool" and seen["spikes"] is not None:
-            seen["pool"] *= op.size
-        elif op.kind in ("conv", "linear"):
+        elif isinstance(m, layers.AvgPool2d) and seen["spikes"] is not None:
+            seen["pool"] *= m.kernel_size
+        elif isinstance(m, (nnx.Conv, nnx.Linear)):
+            conv = isinstance(m, nnx.Conv)
             t, n = inputs.shape[:2]
-            dense = t * np.prod(outputs.shape[2:]) * (op.module.in_features * (
-                np.prod(op.module.kernel_size) if op.kind == "conv" else 1))
+            dense = t * np.prod(outputs.shape[2:]) * (m.in_features * (np.prod(m.kernel_size) if conv else 1))
             if seen["spikes"] is None:
-                counts[op.name] = ("real", 0, dense)
-                return
+                counts[call.name] = ("real", 0, dense)
+                continue
             s, p = seen["spikes"], seen["pool"]
-            if op.kind == "linear":
+            if not conv:
                 ac = s[..., :s.shape[2] // p * p, :s.shape[3] // p * p, :].sum() if s.ndim == 5 else s.sum()
-                ac = ac * op.module.out_features
+                ac = ac * m.out_features
             else:
-                (k, _), (pad, _), stride = op.module.kernel_size, op.module.padding[0], op.module.strides
+                (k, _), (pad, _), stride = m.kernel_size, m.padding[0], m.strides
                 stride = stride if isinstance(stride, int) else stride[0]
                 h, w = inputs.shape[2:4]
                 fh, fw = fanout_map(h, k, stride, pad), fanout_map(w, k, stride, pad)
                 fan = np.zeros(s.shape[2:4], np.int64)  # each pre-pool cell takes its pooled cell's fan-out
                 fan[:h * p, :w * p] = np.repeat(np.repeat(np.outer(fh, fw), p, 0), p, 1)
-                ac = np.einsum("tnhwc,hw->", s, fan) * op.module.out_features
-            counts[op.name] = ("pooled spikes" if p > 1 else "spikes", ac / n, dense)
+                ac = np.einsum("tnhwc,hw->", s, fan) * m.out_features
+            counts[call.name] = ("pooled spikes" if p > 1 else "spikes", ac / n, dense)
             seen.update(spikes=None, pool=1)
-        elif op.kind == "batchnorm":
+        elif isinstance(m, layers.BatchNorm):
             seen.update(spikes=None)
-
-    run_ops(ops, x, record=record)
     return counts
 
 
@@ -150,17 +148,15 @@ def test_spikingjellys_op_counter_agrees_on_spike_inputs_and_counts_pooled_ones_
     model.eval()
     x = scale * jax.random.uniform(jax.random.key(5), shape, jnp.float64)
     inputs, geometry = {}, {}
-
-    def record(op, xin, _):
-        if op.kind == "conv":
-            inputs[op.name] = np.asarray(xin).reshape(-1, *xin.shape[2:]).transpose(0, 3, 1, 2)
-            geometry[op.name] = {"kind": "conv", "out": op.module.out_features, "k": op.module.kernel_size[0],
-                                 "stride": 1, "pad": op.module.padding[0][0]}
-        elif op.kind == "linear":
-            inputs[op.name] = np.asarray(xin).reshape(-1, xin.shape[-1])
-            geometry[op.name] = {"kind": "linear", "out": op.module.out_features}
-
-    run_ops(layer_ops(model), x, record=record)
+    for call in layer_chain(model, x)[1]:
+        m, xin = call.module, call.x
+        if isinstance(m, nnx.Conv):
+            inputs[call.name] = np.asarray(xin).reshape(-1, *xin.shape[2:]).transpose(0, 3, 1, 2)
+            geometry[call.name] = {"kind": "conv", "out": m.out_features, "k": m.kernel_size[0], "stride": 1,
+                                   "pad": m.padding[0][0]}
+        elif isinstance(m, nnx.Linear):
+            inputs[call.name] = np.asarray(xin).reshape(-1, xin.shape[-1])
+            geometry[call.name] = {"kind": "linear", "out": m.out_features}
     (tmp_path / "layers.json").write_text(json.dumps(geometry))
     np.savez(tmp_path / "inputs.npz", **inputs)
     result = subprocess.run([os.environ["SNNJAX_SJ_PYTHON"], "-c", SJ_COUNT, str(tmp_path / "layers.json"),

@@ -13,16 +13,18 @@ from flax import nnx
 from test_predict import digits_config
 from test_streaming import randomize_batch_norm
 
+from snnjax import Sequential, layers
 from snnjax.deploy import export as export_lib
 from snnjax.deploy.exported import load_exported
 from snnjax.deploy.run import load_run
 from snnjax.models import CIFAR10DVSVGG
+from snnjax.neurons import LIFNode
 from snnjax.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOADER = ROOT / "snnjax" / "deploy" / "exported.py"
 
-# Run in a fresh interpreter: the loader's file imported on its own (no snnjax package, no model code).
+# Run in a fresh interpreter: the reader's file imported on its own (no snnjax package, no model code).
 FRESH = """
 import importlib.util, sys
 import numpy as np
@@ -96,6 +98,16 @@ def test_exported_conv_net_at_two_batch_sizes(tmp_path):
         assert float(jnp.abs(want).max()) > 0.1
         np.testing.assert_allclose(loaded(x), want, rtol=0, atol=1e-6)
         np.testing.assert_allclose(loaded.step(x[0], loaded.init_states(x.shape[1]))[0], want[0], rtol=0, atol=1e-6)
+
+
+def test_a_model_streaming_refuses_exports_without_a_single_step(x64, tmp_path):
+    """A neuron called twice per step has no single state to carry: multi-step only, the reason in the file."""
+    rngs, lif = nnx.Rngs(0), LIFNode(step_mode="m")
+    model = Sequential(layers.linear(3, 3, rngs=rngs), lif, layers.linear(3, 2, rngs=rngs), lif)
+    meta = export_lib.export_model(model, (3,), 2, jnp.float32, str(tmp_path / "m.bin"), platforms=["cpu"])
+    assert meta["states"] == [] and "called 2 times per time step" in meta["single_step_note"]
+    with pytest.raises(ValueError, match="no single-step variant: Sequential's neuron layers.1 is called 2 times"):
+        load_exported(tmp_path / "m.bin").init_states(1)
 
 
 def test_loader_refuses_other_files(tmp_path):

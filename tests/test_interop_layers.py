@@ -18,7 +18,8 @@ from flax import nnx
 
 import snnjax
 from snnjax import layers
-from snnjax.interop.layers import RULES, LayerRule, import_layers, spikingjelly_inputs
+from snnjax.interop.layers import RULES, LayerRule, spikingjelly_inputs
+from snnjax.interop.spikingjelly import import_state_dict
 from snnjax.neurons import LIFNode, ParametricLIFNode
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly"
@@ -56,7 +57,7 @@ def state_dict(arrays) -> dict[str, np.ndarray]:
 def check_reproduces(path: pathlib.Path) -> None:
     a = dict(np.load(path))
     net = user_net()
-    report = import_layers(net, state_dict(a), dtype=jnp.float64)
+    report = import_state_dict(net, state_dict(a), dtype=jnp.float64)
     assert not report.leftover and not report.missing and len(report.imported) == 15
     assert report.ignored == ["1.num_batches_tracked", "5.num_batches_tracked"]
     x = spikingjelly_inputs(a["x"], batch_first=False)  # make_sequential.py's x is multi-step [T, N, C, H, W]
@@ -90,21 +91,30 @@ def test_live_sequential_reproduces_spikingjelly(tmp_path, x64):
 def test_report_names_casts_leftovers_and_missing_variables(x64):
     sd = state_dict(np.load(FIXTURES / "sequential.npz"))
     net = user_net()  # float32 parameters: importing float64 into them is a visible cast
-    report = import_layers(net, sd)
+    report = import_state_dict(net, sd)
     assert net.layers[0].kernel.get_value().dtype == jnp.float32
     assert "cast float64 -> float32; pass dtype=jnp.float64" in str(report)
-    with pytest.raises(KeyError, match=r"left over: extra\.weight(?s:.*)not provided: layers\.8\.bias"):
-        import_layers(user_net(), {**{k: v for k, v in sd.items() if k != "8.bias"}, "extra.weight": np.zeros(3)})
-    report = import_layers(user_net(), {"0.weight": sd["0.weight"]}, strict=False)
-    assert [i.path for i in report.imported] == ["layers.0.kernel"] and "layers.8.kernel" in report.missing
+    net = user_net()
+    with pytest.raises(KeyError, match=r"1 keys .* no counterpart in Sequential, e\.g\. \['extra\.weight'\].*"
+                       "allow_unused=True imports the rest"):
+        import_state_dict(net, {**sd, "extra.weight": np.zeros(3)})
+    assert not np.array_equal(np.asarray(net.layers[0].kernel[...]), sd["0.weight"].transpose(2, 3, 1, 0))
+    report = import_state_dict(net, {**sd, "extra.weight": np.zeros(3)}, allow_unused=True)
+    assert report.leftover == ["extra.weight"] and not report.missing
+    np.testing.assert_allclose(np.asarray(net.layers[0].kernel[...]), sd["0.weight"].transpose(2, 3, 1, 0),
+                               rtol=1e-6)
+    with pytest.raises(KeyError, match=r"does not provide 1 (?s:.*)left over: extra\.weight(?s:.*)not provided: "
+                       r"layers\.8\.bias"):  # missing variables: refused, allow_unused or not
+        import_state_dict(user_net(), {**{k: v for k, v in sd.items() if k != "8.bias"}, "extra.weight": np.zeros(3)},
+                          allow_unused=True)
     with pytest.raises(ValueError, match=r"0\.weight: shape \(6, 2, 3, 3\).*layers\.0\.kernel is \(3, 3, 2, 4\)"):
         bad = snnjax.Sequential(layers.conv2d(2, 4, 3, rngs=nnx.Rngs(0)))
-        import_layers(bad, {"0.weight": sd["0.weight"]})
+        import_state_dict(bad, {"0.weight": sd["0.weight"]})
 
 
 def test_float64_without_x64_says_how(x32_module):
     with pytest.raises(ValueError, match="jax_enable_x64"):
-        import_layers(snnjax.Sequential(layers.Flatten()), {}, dtype=jnp.float64)
+        import_state_dict(snnjax.Sequential(layers.Flatten()), {}, dtype=jnp.float64)
 
 
 def test_rules_extend_by_one_entry(x64):
@@ -115,10 +125,10 @@ def test_rules_extend_by_one_entry(x64):
     RULES[Scale] = LayerRule({"g": ("gain", lambda a: a * 1.0)})
     try:
         net = snnjax.Sequential(Scale())
-        report = import_layers(net, {"0.g": np.array([1.0, 2.0, 3.0])})
+        report = import_state_dict(net, {"0.g": np.array([1.0, 2.0, 3.0])})
         assert report.imported[0].path == "layers.0.gain"
         np.testing.assert_array_equal(np.asarray(net.layers[0].gain.get_value()), [1.0, 2.0, 3.0])
-        report = import_layers(net, {"layer.g": np.array([1.0, 2.0, 3.0])}, prefixes={"layer": ("layers", 0)},
+        report = import_state_dict(net, {"layer.g": np.array([1.0, 2.0, 3.0])}, prefixes={"layer": ("layers", 0)},
                                rules={"layer": LayerRule({"g": ("gain", lambda a: a[::-1])})})
         np.testing.assert_array_equal(np.asarray(net.layers[0].gain.get_value()), [3.0, 2.0, 1.0])
     finally:

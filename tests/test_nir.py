@@ -12,11 +12,11 @@ from flax import nnx
 from test_streaming import F64, build, randomize_batch_norm
 
 from snnjax import layers
-from snnjax.deploy.graph import UnsupportedModelError
+from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
 from snnjax.models.sequential import Sequential, dvs_gesture_net
-from snnjax.neurons import ATan
+from snnjax.neurons import ATan, LIFNode
 
 
 def gesture_net():
@@ -82,14 +82,23 @@ def test_neuron_parameters_and_training_settings_travel(tmp_path):
     assert np.allclose(lif.tau, 4e-4) and np.all(lif.r == 4.0) and np.all(lif.v_leak == 0.0)
 
 
+class Residual(nnx.Module):
+    def __init__(self):
+        self.fc, self.lif = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), LIFNode(step_mode="m")
+
+    def __call__(self, x):
+        return x + self.lif(self.fc(x))
+
+
 def test_what_nir_cannot_carry_is_refused():
     with pytest.raises(NIRError, match="soft reset"):
         to_nir(SpikingMLP(4, (3,), 2, v_reset=None, rngs=nnx.Rngs(0)), (4,))
     maxpool = dvs_gesture_net((8, 8, 2), channels=2, num_classes=2, blocks=1, hidden=4, pool="max", rngs=nnx.Rngs(0))
     with pytest.raises(NIRError, match="no max pooling node"):
         to_nir(maxpool, (8, 8, 2))
-    with pytest.raises(UnsupportedModelError, match="attention"):
-        to_nir(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), (2,))
+    with pytest.raises(UnsupportedModelError, match="Residual is not a chain of layers: its output is not the "
+                       "output of lif"):
+        to_nir(Residual(), (2,))
     graph = to_nir(SpikingMLP(4, (3,), 2, rngs=nnx.Rngs(0)), (4,))
     graph.nodes["neurons_0"].v_threshold = np.array([1.0, 1.0, 0.5])
     with pytest.raises(NIRError, match="v_threshold differs between neurons"):

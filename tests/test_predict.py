@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from snnjax.deploy import prediction as predict_lib
+from snnjax.deploy.prediction import main, predict
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import CheckpointError
 
@@ -35,7 +35,7 @@ def run(tmp_path_factory):
 @pytest.mark.parametrize("num_devices", [1, 8])
 def test_predictions_reproduce_the_runs_eval_accuracy(run, num_devices):
     workdir, summary = run
-    preds = predict_lib.predict(workdir, "test", devices=jax.devices()[:num_devices])
+    preds = predict(workdir, "test", devices=jax.devices()[:num_devices])
     assert preds.step == 12 and preds.labels.shape == (359,)
     assert preds.accuracy == summary["eval_accuracy"]
     assert preds.logits.shape == (359, 4, 10)
@@ -46,7 +46,7 @@ def test_predictions_reproduce_the_runs_eval_accuracy(run, num_devices):
 def test_cli_writes_one_line_per_example_with_spike_counts(run, tmp_path, capsys):
     workdir, summary = run
     out = tmp_path / "preds.jsonl"
-    assert predict_lib.main(["--workdir", str(workdir), "--out", str(out), "--dump-spikes", "--checkpoint", "12"]) == 0
+    assert main(["--workdir", str(workdir), "--out", str(out), "--dump-spikes", "--checkpoint", "12"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 359 and sum(r["correct"] for r in rows) / 359 == summary["eval_accuracy"]
     assert set(rows[0]) == {"index", "label", "prediction", "correct", "probabilities", "logits", "spike_counts"}
@@ -58,12 +58,12 @@ def test_cli_writes_one_line_per_example_with_spike_counts(run, tmp_path, capsys
 
 def test_an_earlier_checkpoint_and_bad_arguments(run, tmp_path):
     workdir, _ = run
-    assert predict_lib.predict(workdir, checkpoint=6, devices=jax.devices()[:2]).step == 6
+    assert predict(workdir, checkpoint=6, devices=jax.devices()[:2]).step == 6
     with pytest.raises(CheckpointError, match=r"no checkpoint of step 7 .* its steps are \[6, 12\]"):
-        predict_lib.predict(workdir, checkpoint=7)
+        predict(workdir, checkpoint=7)
     with pytest.raises(ValueError, match="neither a split"):
-        predict_lib.predict(workdir, "validation")
+        predict(workdir, "validation")
     with pytest.raises(ValueError, match="does not split over 3 devices"):
-        predict_lib.predict(workdir, devices=jax.devices()[:3])
+        predict(workdir, devices=jax.devices()[:3])
     with pytest.raises(FileNotFoundError, match="config.json"):
-        predict_lib.predict(tmp_path)
+        predict(tmp_path)

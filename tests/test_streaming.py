@@ -1,4 +1,5 @@
-"""Streaming single-step inference equals the multi-step forward (float64): spikes identical, logits to 1e-12."""
+"""Streaming single-step inference (the model's own layers, neurons in single-step mode) equals the multi-step
+forward (float64): spikes identical, logits to 1e-12."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,12 +8,12 @@ from flax import nnx
 
 from snnjax import Sequential, layers
 from snnjax.deploy import streaming
-from snnjax.deploy.graph import UnsupportedModelError, layer_ops
-from snnjax.deploy.ops import initial_states, run_ops, step_ops
-from snnjax.deploy.streaming import Streamer
-from snnjax.models import CIFAR10DVSVGG, SpikingMLP
+from snnjax.deploy.calls import UnsupportedModelError, neurons
+from snnjax.deploy.streaming import Streamer, initial_states, step
+from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
 from snnjax.models.sequential import dvs_gesture_net
 from snnjax.neurons import LIFNode
+from snnjax.neurons.modules import observe
 
 F64 = {"dtype": jnp.float64, "param_dtype": jnp.float64}
 
@@ -45,6 +46,14 @@ def build(name):
                          layers.dropout(0.5), layers.linear(6 * 4 * 4, 3, rngs=rngs, **F64))
         randomize_batch_norm(net)
         return net, (4, 2, 8, 8, 2), 3.0
+    if name == "spikformer":  # attention and residuals: not a chain, but every layer acts on each step on its own
+        net = Spikformer(img_size=32, in_channels=2, embed_dims=16, num_heads=2, depths=1, num_classes=3,
+                         rngs=nnx.Rngs(4), **F64)
+        randomize_batch_norm(net)
+        for _, m in nnx.iter_modules(net):  # a larger shift: every LIF (tau 2) of the small net fires
+            if isinstance(m, layers.BatchNorm):
+                m.bias[...] = m.bias[...] + 0.6
+        return net, (3, 2, 32, 32, 2), 1.0
     net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max", rngs=nnx.Rngs(2),
                           **F64)
     randomize_batch_norm(net)
@@ -52,27 +61,32 @@ def build(name):
     return net, (4, 2, 16, 16, 2), 3.0
 
 
+def _observed(model, run):
+    """``run()``'s result and each neuron's spikes (``neurons(model)`` order), seen through ``observe``."""
+    seen = {}
+    with observe(lambda node, spikes, _: seen.setdefault(id(node), []).append(spikes)):
+        out = run()
+    return out, [seen[id(node)][0] for _, node in neurons(model)]
+
+
 @jax.jit
 def _spikes(model, x):
-    """Each neuron layer's spikes ``[T, N, ...]`` from the multi-step ops and from T single steps, and the logits."""
-    ops = layer_ops(model)
-    multi, steps = [], []
-    logits = run_ops(ops, x, record=lambda op, _, y: multi.append(y) if op.kind == "neuron" else None)
-    states = initial_states(ops, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+    """Each neuron's spikes ``[T, N, ...]`` from the multi-step forward and from T single steps, and the logits."""
+    logits, multi = _observed(model, lambda: model(x))
+    states = initial_states(model, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+    steps = []
     for t in range(x.shape[0]):
-        steps.append([])
-        _, states = step_ops(ops, x[t], states,
-                             record=lambda op, _, y, seen=steps[-1]: seen.append(y) if op.kind == "neuron" else 0)
-    return multi, [jnp.stack([s[i] for s in steps]) for i in range(len(multi))], logits, model(x)
+        (_, states), spikes = _observed(model, lambda t=t, states=states: step(model, x[t], states))
+        steps.append(spikes)  # each [1, N, ...]: the step's sequence of one
+    return multi, [jnp.concatenate([s[i] for s in steps]) for i in range(len(multi))], logits
 
 
-@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture", "user"])
+@pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture", "user", "spikformer"])
 def test_streaming_equals_the_multi_step_forward(x64, name):
     model, shape, scale = build(name)
     model.eval()
     x = scale * jax.random.uniform(jax.random.key(3), shape, jnp.float64)
-    multi_spikes, step_spikes, logits, direct = _spikes(model, x)
-    np.testing.assert_array_equal(logits, direct)  # the op chain is the model's own forward
+    multi_spikes, step_spikes, logits = _spikes(model, x)
     for layer, spikes in enumerate(multi_spikes):
         assert 0 < float(spikes.mean()) < 1, f"layer {layer} fires {float(spikes.mean())}: the check would be void"
         np.testing.assert_array_equal(spikes, step_spikes[layer])
@@ -98,9 +112,19 @@ def test_streaming_compiles_once_per_input_shape(x64):
     assert streaming._jitted_step._cache_size() == before + 1
 
 
-def test_models_that_are_not_an_op_chain_are_refused():
-    """Spikformer (attention, residuals) is refused like any module the op description does not know."""
-    with pytest.raises(UnsupportedModelError, match="Linear is not a chain"):
+class _TimeMean(nnx.Module):
+    def __call__(self, x):
+        return x.mean(0)
+
+
+def test_models_whose_state_cannot_be_carried_are_refused(x64):
+    """No neuron (nothing to carry), a neuron called twice per step (one state each), an output without time."""
+    with pytest.raises(UnsupportedModelError, match="Linear has no spiking neuron"):
         Streamer(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
-    with pytest.raises(UnsupportedModelError, match=r"layers.1 is a MaxPool2d.*stride = window, no padding"):
-        Streamer(Sequential(layers.Flatten(), layers.MaxPool2d(3, stride=2)))
+    rngs, lif, x = nnx.Rngs(0), LIFNode(step_mode="m"), jnp.ones((3, 2), jnp.float64)
+    shared = Sequential(layers.linear(2, 2, rngs=rngs), lif, layers.linear(2, 2, rngs=rngs), lif)
+    with pytest.raises(UnsupportedModelError, match="neuron layers.1 is called 2 times per time step"):
+        Streamer(shared)(x)
+    averaged = Sequential(layers.linear(2, 2, rngs=rngs), LIFNode(step_mode="m"), _TimeMean())
+    with pytest.raises(UnsupportedModelError, match=r"maps \[T=4, ...\] inputs to \(3, 2\): its output has no time"):
+        Streamer(averaged)(x)

@@ -7,8 +7,9 @@
 - ``streaming``: one time step at a time with carried neuron state (``Streamer``).
 - ``nir``: NIR graphs to and from models (needs ``pip install snnjax[nir]``; imported as ``snnjax.deploy.nir``).
 - ``opcount`` / ``energy``: synaptic operations per layer and their energy (``python -m snnjax.energy``).
-- ``graph`` / ``ops``: a model as a chain of layer operations, which export and streaming step through.
+- ``calls``: the layer calls of a model's own forward, recorded in order (the chain NIR and op counts read).
 """
+from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.energy import energy_report
 from snnjax.deploy.export import export_model, export_run
 from snnjax.deploy.exported import ExportedModel, load_exported
@@ -18,4 +19,5 @@ from snnjax.deploy.run import RestoredRun, load_run
 from snnjax.deploy.streaming import Streamer
 
 __all__ = ["ExportedModel", "OpReport", "Predictions", "RestoredRun", "Streamer", "count_ops", "energy_report",
-           "export_model", "export_run", "load_exported", "load_run", "predict", "predict_run"]
+           "UnsupportedModelError", "export_model", "export_run", "load_exported", "load_run", "predict",
+           "predict_run"]

@@ -2,8 +2,9 @@
 
 Serialises the eval-mode forward with ``jax.export`` (StableHLO), the batch size symbolic, in
 two variants: the multi-step forward ``x [T, b, ...] -> logits [T, b, K]`` and the streaming
-single step ``(states, x [b, ...]) -> (logits [b, K], states)`` (op-chain models: MLP,
-CIFAR10DVSVGG, a Sequential of op layers). The parameters travel in the file as the functions' first
+single step ``(states, x [b, ...]) -> (logits [b, K], states)``: the model's own layers with its neurons in
+single-step mode (``snnjax.deploy.streaming.step``; absent, with the reason in ``meta.json``'s
+``single_step_note``, for a model streaming refuses). The parameters travel in the file as the functions' first
 argument. Neurons run their portable ``xla`` implementation (no custom kernels in the file).
 ``snnjax.deploy.exported.load_exported`` runs the file; that module (the format's description) imports only
 jax and numpy, so it can be copied beside a deployment that lacks snnjax.
@@ -23,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.exported import FORMAT
-from snnjax.deploy.graph import UnsupportedModelError, layer_ops
-from snnjax.deploy.ops import initial_states, step_ops
 from snnjax.deploy.run import load_run, read_config
-from snnjax.neurons.modules import BaseNode
+from snnjax.deploy.streaming import initial_states, step
+from snnjax.neurons.modules import set_impl
 
 PLATFORMS = ("cpu", "cuda")
 
@@ -40,9 +41,7 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
     multi-step variant; ``dtype``: the input dtype; ``platforms``: those the StableHLO is lowered for.
     """
     model.eval()
-    for _, m in nnx.iter_modules(model):
-        if isinstance(m, BaseNode):
-            m.impl = "xla"  # custom kernels (C++ FFI, Pallas) would tie the file to this build
+    set_impl(model, "xla")  # custom kernels (C++ FFI, Pallas) would tie the file to this build
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
     # RNG keys (dropout's stream, unused at inference) travel as their raw data and are wrapped again inside.
@@ -69,16 +68,15 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
                             "dtype": dtype.name, "platforms": list(platforms), **(info or {})}
     files = {"multi_step.jax": exported_multi.serialize()}
     try:
-        ops = layer_ops(model)
+        states = initial_states(model, jax.ShapeDtypeStruct((1, *frame), dtype))
     except UnsupportedModelError as e:
         meta["states"], meta["single_step_note"] = [], str(e)
     else:
-        states = initial_states(ops, jax.ShapeDtypeStruct((1, *frame), dtype))
         meta["states"] = [{"shape": list(s.shape[1:]), "dtype": s.dtype.name, "init": float(s.reshape(-1)[0])}
                           for s in states]
 
         def single(params, states, x):
-            return step_ops(layer_ops(rebuild(params)), x, states)
+            return step(rebuild(params), x, states)
 
         state_specs = [jax.ShapeDtypeStruct((b, *s.shape[1:]), s.dtype) for s in states]
         files["single_step.jax"] = jax.export.export(jax.jit(single), platforms=tuple(platforms))(

@@ -10,8 +10,8 @@ The file is a zip archive:
 - ``meta.json``: format version, input shape per example and time step, ``time_steps``, dtype,
   the neuron states of the single step (shape without the batch, initial value), the run it came from;
 - ``multi_step.jax``: ``jax.export`` serialisation (StableHLO) of ``(params, x [T, b, ...]) -> logits [T, b, K]``;
-- ``single_step.jax``: of ``(params, states, x [b, ...]) -> (logits [b, K], states)`` (absent for models that
-  are not an op chain, e.g. Spikformer);
+- ``single_step.jax``: of ``(params, states, x [b, ...]) -> (logits [b, K], states)`` (absent, with the reason
+  in ``meta.json``'s ``single_step_note``, for a model that cannot run one time step at a time);
 - ``params.npz``: the parameters and BatchNorm statistics, the functions' first argument (a list, in order).
 
 The batch size ``b`` is symbolic: one file serves every batch size.

@@ -1,6 +1,6 @@
 """NIR (Neuromorphic Intermediate Representation, the ``nir`` package) export and import.
 
-    graph = to_nir(model, (48, 48, 2))      # SpikingMLP, CIFAR10DVSVGG or a Sequential of ops, eval mode
+    graph = to_nir(model, (48, 48, 2))      # a model whose layers form a chain (snnjax.deploy.calls), eval mode
     nir.write("model.nir", graph)
     model2 = from_nir(nir.read("model.nir"))  # a snnjax.Sequential with the same outputs
 
@@ -9,18 +9,18 @@ What maps to what (NIR uses PyTorch's channels-first layout: tensors ``(C, H, W)
 transposed, and a linear layer after an HWC flatten has its inputs reordered to CHW; ``from_nir`` flattens
 in NIR's CHW order, ``layers.Flatten("chw")``):
 
-- ``conv`` -> ``nir.Conv2d``, ``linear`` -> ``nir.Affine`` (``nir.Linear`` without bias);
-- ``batchnorm`` (eval mode) -> folded into the conv / linear before it (``fold_batchnorm``);
-- ``avgpool`` -> ``nir.AvgPool2d``; ``flatten`` -> ``nir.Flatten``; ``dropout`` (identity) -> nothing;
+- a 2-D convolution -> ``nir.Conv2d``, ``nnx.Linear`` -> ``nir.Affine`` (``nir.Linear`` without bias);
+- ``layers.BatchNorm`` (eval mode) -> folded into the conv / linear before it (``fold_batchnorm``);
+- ``layers.AvgPool2d`` -> ``nir.AvgPool2d``; ``layers.Flatten`` -> ``nir.Flatten``; dropout (identity) -> nothing;
 - ``IF`` -> ``nir.IF`` with ``r = 1 / dt``; ``LIF`` (and ``PLIF``, its learned tau taken as it is) ->
   ``nir.LIF`` with ``tau = tau_steps * dt``, ``r = 1`` (``decay_input``) or ``tau_steps``, ``v_leak = v_reset``.
   That is SpikingJelly's discretisation (``spikingjelly.activation_based.nir_exchange``; default
   ``dt = 1e-4`` as there): the Euler step of NIR's ODE over ``dt`` is exactly the snnjax update.
 
 Not carried by NIR, and refused with an error naming the layer: soft reset (``v_reset=None``; NIR
-resets to a potential), max pooling (no node in NIR 1.0), models that are not a chain (attention,
-residual blocks: Spikformer). NIR describes inference, so the surrogate gradient and
-``detach_reset`` (which change only gradients) have no NIR field: they are written to each
+resets to a potential), max pooling (no node in NIR 1.0), models whose layer calls are not a chain
+(``snnjax.deploy.calls.layer_chain``: attention, residual blocks). NIR describes inference, so the
+surrogate gradient and ``detach_reset`` (which change only gradients) have no NIR field: they are written to each
 neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_alpha``, ``snnjax_detach_reset``), which
 ``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
 (``CubaLIF``, ``Delay``, ``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters,
@@ -31,15 +31,18 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import nir
 import numpy as np
 from flax import nnx
 
-from snnjax.deploy.graph import layer_ops
+from snnjax import layers
+from snnjax.deploy.calls import dotted, layer_chain
 from snnjax.models.sequential import Sequential
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.base import decay_rate
+from snnjax.neurons.modules import BaseNode
 
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
 
@@ -63,6 +66,21 @@ def _nir_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[2], shape[0], shape[1]) if len(shape) == 3 else shape
 
 
+def _chain_of(model: nnx.Module, input_shape: tuple[int, ...]) -> list[tuple[str, nnx.Module, tuple, tuple]]:
+    """``(name, module of model, input shape, output shape)`` per layer call of ``model``'s chain (one example
+    at one time step, shapes without ``[T, N]``)."""
+    found = []
+
+    def trace(m, x):
+        y, calls = layer_chain(m, x)
+        found.extend((c.name, tuple(c.x.shape[2:]), tuple(c.y.shape[2:])) for c in calls)
+        return y
+
+    jax.eval_shape(trace, model, jax.ShapeDtypeStruct((1, 1, *input_shape), jnp.float32))
+    modules = {dotted(path): m for path, m in nnx.iter_modules(model)}
+    return [(name, modules[name], x, y) for name, x, y in found]
+
+
 def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -> nir.NIRGraph:
     """``model``'s eval-mode forward as a NIR graph (a chain ``input -> ... -> output``).
 
@@ -71,80 +89,77 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
     Raises:
       NIRError: something NIR cannot carry (see the module docstring); UnsupportedModelError for non-chains.
     """
-    ops = layer_ops(model)
     shape = tuple(int(d) for d in input_shape)
     nodes: list[tuple[str, Any]] = [("input", nir.Input(input_type=np.array(_nir_shape(shape))))]
     flat_from = None  # (H, W, C) of the last HWC flatten, until the linear layer that reads it
-    for op in ops:
-        name = op.name.replace(".", "_")
-        if op.kind == "dropout":
+    for call_name, module, x_shape, y_shape in _chain_of(model, shape):
+        name = call_name.replace(".", "_")
+        if isinstance(module, nnx.Dropout):
             continue
-        if op.kind == "batchnorm":
+        if isinstance(module, layers.BatchNorm):
             last_name, last = nodes[-1]
             if not isinstance(last, (nir.Conv2d, nir.Affine, nir.Linear)):
-                raise NIRError(f"{op.name}: BatchNorm after {type(last).__name__} cannot be folded; NIR has no "
+                raise NIRError(f"{call_name}: BatchNorm after {type(last).__name__} cannot be folded; NIR has no "
                                "BatchNorm node (only one right after a conv or linear layer is supported)")
             channels_last = np.moveaxis(last.weight, 0, -1)  # [..., out]
             bias = getattr(last, "bias", None)
-            kernel, bias = fold_batchnorm(channels_last, bias, op.module)
+            kernel, bias = fold_batchnorm(channels_last, bias, module)
             weight = np.moveaxis(kernel, -1, 0)
             nodes[-1] = (last_name, nir.Conv2d(input_shape=last.input_shape, weight=weight, stride=last.stride,
                                                padding=last.padding, dilation=last.dilation, groups=last.groups,
                                                bias=bias) if isinstance(last, nir.Conv2d) else
                          nir.Affine(weight=weight, bias=bias))
-        elif op.kind == "conv":
-            conv = op.module
-            if len(shape) != 3:
-                raise NIRError(f"{op.name}: a conv needs an [H, W, C] input, got {shape}")
-            (pl, ph), (pl2, ph2) = conv.padding
+        elif isinstance(module, nnx.Conv):
+            if len(x_shape) != 3 or isinstance(module.padding, str) or len(module.kernel_size) != 2:
+                raise NIRError(f"{call_name}: NIR export takes 2-D convolutions with integer padding on [H, W, C] "
+                               f"inputs (layers.conv2d), got kernel {module.kernel_size} on {x_shape}")
+            (pl, ph), (pl2, ph2) = module.padding
             if pl != ph or pl2 != ph2:
-                raise NIRError(f"{op.name}: asymmetric padding {conv.padding} has no NIR form")
-            stride = conv.strides if isinstance(conv.strides, tuple) else (conv.strides, conv.strides)
-            kernel = np.asarray(conv.kernel[...])
-            bias = np.asarray(conv.bias[...]) if conv.bias is not None else np.zeros(kernel.shape[-1], kernel.dtype)
-            node = nir.Conv2d(input_shape=shape[:2], weight=kernel.transpose(3, 2, 0, 1), stride=stride,
-                              padding=(pl, pl2), dilation=(1, 1), groups=1, bias=bias)
-            nodes.append((name, node))
-            h, w = (int(d) for d in node.output_type["output"][1:])
-            shape = (h, w, kernel.shape[-1])
-        elif op.kind == "linear":
-            kernel = np.asarray(op.module.kernel[...])  # [in, out]
+                raise NIRError(f"{call_name}: asymmetric padding {module.padding} has no NIR form")
+            stride = module.strides if isinstance(module.strides, tuple) else (module.strides, module.strides)
+            kernel = np.asarray(module.kernel[...])
+            bias = (np.asarray(module.bias[...]) if module.bias is not None
+                    else np.zeros(kernel.shape[-1], kernel.dtype))
+            nodes.append((name, nir.Conv2d(input_shape=x_shape[:2], weight=kernel.transpose(3, 2, 0, 1),
+                                           stride=stride, padding=(pl, pl2), dilation=(1, 1), groups=1, bias=bias)))
+        elif isinstance(module, nnx.Linear):
+            kernel = np.asarray(module.kernel[...])  # [in, out]
             if flat_from is not None:  # inputs in snnjax's HWC order -> NIR's CHW order
                 h, w, c = flat_from
                 kernel = kernel.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(h * w * c, -1)
                 flat_from = None
             weight = kernel.T
-            node = (nir.Affine(weight=weight, bias=np.asarray(op.module.bias[...])) if op.module.bias is not None
-                    else nir.Linear(weight=weight))
-            nodes.append((name, node))
-            shape = (kernel.shape[1],)
-        elif op.kind == "avgpool":
-            k = op.size
-            nodes.append((name, nir.AvgPool2d(kernel_size=np.array([k, k]), stride=np.array([k, k]),
+            nodes.append((name, nir.Affine(weight=weight, bias=np.asarray(module.bias[...]))
+                          if module.bias is not None else nir.Linear(weight=weight)))
+        elif isinstance(module, layers.AvgPool2d):
+            k, stride = module.kernel_size, module.stride or module.kernel_size
+            nodes.append((name, nir.AvgPool2d(kernel_size=np.array([k, k]), stride=np.array([stride, stride]),
                                               padding=np.array([0, 0]))))
-            shape = (shape[0] // k, shape[1] // k, shape[2])
-        elif op.kind == "maxpool":
-            raise NIRError(f"{op.name}: NIR 1.0 has no max pooling node; build the net with average pooling "
+        elif isinstance(module, layers.MaxPool2d):
+            raise NIRError(f"{call_name}: NIR 1.0 has no max pooling node; build the net with average pooling "
                            "(e.g. dvs_gesture_net(pool='avg'))")
-        elif op.kind == "flatten":
-            if len(shape) == 1:
+        elif isinstance(module, layers.Flatten):
+            if len(x_shape) == 1:
                 continue
-            nodes.append((name, nir.Flatten(input_type={"input": np.array(_nir_shape(shape))}, start_dim=0,
+            nodes.append((name, nir.Flatten(input_type={"input": np.array(_nir_shape(x_shape))}, start_dim=0,
                                             end_dim=-1)))
-            hwc = op.module is None or op.module.order == "hwc"
-            flat_from, shape = shape if hwc else None, (int(np.prod(shape)),)
-        else:  # neuron
-            nodes.append((name, _neuron_node(op, _nir_shape(shape), dt)))
+            flat_from = x_shape if module.order == "hwc" and len(x_shape) == 3 else None
+        elif isinstance(module, BaseNode):
+            nodes.append((name, _neuron_node(call_name, module, _nir_shape(x_shape), dt)))
+        else:
+            raise NIRError(f"{call_name} is a {type(module).__name__}, which has no NIR node here (to_nir takes "
+                           "convolutions, linear layers, BatchNorm, average pooling, flatten, dropout and IF / LIF / "
+                           "PLIF neurons)")
+        shape = y_shape
     nodes.append(("output", nir.Output(output_type=np.array(_nir_shape(shape)))))
     edges = [(a, b) for (a, _), (b, _) in zip(nodes[:-1], nodes[1:], strict=True)]
     return nir.NIRGraph(nodes=dict(nodes), edges=edges)
 
 
-def _neuron_node(op, shape: tuple[int, ...], dt: float):
-    node = op.module
+def _neuron_node(name: str, node: BaseNode, shape: tuple[int, ...], dt: float):
     cfg = node.config
     if cfg.v_reset is None:
-        raise NIRError(f"{op.name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
+        raise NIRError(f"{name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
                        "train with a hard reset (e.g. v_reset=0.0) to export")
     full = lambda v: np.full(shape, float(v))  # noqa: E731
     meta = {"snnjax_surrogate": sg.name_of(cfg.surrogate), "snnjax_alpha": float(getattr(cfg.surrogate, "alpha", 0)),

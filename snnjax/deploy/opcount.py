@@ -1,6 +1,7 @@
 """Synaptic operations per layer from measured spikes: AC (spike-driven accumulates) and MAC counts.
 
-For every ``conv`` / ``linear`` op of a model's op chain (``snnjax.deploy.graph``), on a batch ``x [T, N, ...]``:
+For every convolution / linear layer of a model's chain of layer calls (``snnjax.deploy.calls.layer_chain``), on a
+batch ``x [T, N, ...]``:
 
 - input **spikes** (the op follows a neuron, or its input is measured to be all 0/1, e.g. Poisson-encoded
   images): one AC per spike and target, ``AC = sum over spikes of fan-out``; a linear layer's fan-out is
@@ -21,15 +22,16 @@ neuron state updates. ``energy_pj`` applies per-op energies: 45 nm CMOS, 32-bit 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from snnjax.deploy.graph import layer_ops
-from snnjax.deploy.ops import Op, run_ops
+from snnjax import layers
+from snnjax.deploy.calls import UnsupportedModelError, layer_chain
+from snnjax.neurons.modules import BaseNode
 
 E_AC_PJ = 0.9  # 45 nm, 32-bit float add (Horowitz, ISSCC 2014)
 E_MAC_PJ = 4.6  # 45 nm, 32-bit float multiply (3.7 pJ) + add (0.9 pJ)
@@ -40,7 +42,7 @@ class LayerOps:
     """One conv / linear layer's operations per example.
 
     Attributes:
-      name: the op's name (e.g. ``"features.3.conv"``). kind: ``conv`` or ``linear``.
+      name: the layer's path (e.g. ``"features.3.conv"``). kind: ``conv`` or ``linear``.
       input: ``spikes``, ``pooled spikes`` or ``real`` (see the module docstring).
       ac: spike-driven accumulates. mac: multiply-accumulates. dense_ops: the dense count of the layer
       (``MAC`` had its input been real-valued), for reference.
@@ -89,18 +91,21 @@ class OpReport:
         return "\n".join(rows) + f"\n(per example, mean of {self.examples}; AC {e_ac} pJ, MAC {e_mac} pJ)"
 
 
-def _conv_geometry(conv) -> tuple[tuple[int, int], tuple[tuple[int, int], ...], tuple[int, int]]:
+def _conv_geometry(name: str, conv) -> tuple[tuple[int, int], tuple[tuple[int, int], ...], tuple[int, int]]:
     stride = conv.strides if isinstance(conv.strides, tuple) else (conv.strides, conv.strides)
+    if len(conv.kernel_size) != 2 or isinstance(conv.padding, str):
+        raise UnsupportedModelError(f"{name}: op counts take 2-D convolutions with explicit padding (layers.conv2d); "
+                                    f"got kernel {conv.kernel_size}, padding {conv.padding!r}")
     return tuple(conv.kernel_size), tuple(tuple(p) for p in conv.padding), tuple(stride)
 
 
-def _windows(op: Op, counts: jax.Array) -> jax.Array:
+def _windows(name: str, conv, counts: jax.Array) -> jax.Array:
     """Per example, ``sum over input cells of counts x the cell's fan-out over positions`` (int32; a linear layer
-    has one position), ``counts [T, N, ...]`` the spikes per input cell; times the output channels (on the host,
-    in int64) this is the layer's AC."""
-    if op.kind == "linear":
+    (``conv`` None) has one position), ``counts [T, N, ...]`` the spikes per input cell; times the output channels
+    (on the host, in int64) this is the layer's AC."""
+    if conv is None:
         return jnp.sum(counts.astype(jnp.int32), axis=(0, *range(2, counts.ndim)))
-    kernel, padding, stride = _conv_geometry(op.module)
+    kernel, padding, stride = _conv_geometry(name, conv)
     t, n = counts.shape[:2]
     c = counts.reshape(t * n, *counts.shape[2:]).astype(jnp.float32)
     ones = jnp.ones((*kernel, c.shape[-1], 1), jnp.float32)
@@ -110,73 +115,68 @@ def _windows(op: Op, counts: jax.Array) -> jax.Array:
     return jnp.sum(jnp.round(occupancy).astype(jnp.int32).reshape(t, n, -1), axis=(0, 2))
 
 
-def _dense(op: Op, x_shape: Sequence[int], y_shape: Sequence[int]) -> int:
-    """Dense MACs per example of ``op`` mapping ``x [T, N, ...]`` to ``y [T, N, ...]``."""
-    t, outputs = x_shape[0], int(np.prod(y_shape[2:]))
-    if op.kind == "linear":
-        return t * outputs * op.module.in_features
-    kernel, _, _ = _conv_geometry(op.module)
-    return t * outputs * kernel[0] * kernel[1] * op.module.in_features
-
-
 def _measure(model: nnx.Module, x: jax.Array) -> tuple[dict, dict]:
-    """Traced: per conv / linear op, ``(arrays, facts)``: the per-example fan-out sums and spike counts and
-    whether the input was binary; and the static facts (input kind, input size per step, shapes)."""
-    ops = layer_ops(model)
+    """Traced: per conv / linear call of the model's chain (``snnjax.deploy.calls.layer_chain``), ``(arrays,
+    facts)``: the per-example fan-out sums and spike counts and whether the input was binary; and the static facts
+    (kind, input kind, input size per step, dense MACs, output channels)."""
+    _, calls = layer_chain(model, x)
     found = {}
     source = {"kind": "real", "counts": None}  # what the next conv / linear reads
-
-    def record(op, inputs, outputs):
-        if op.kind == "neuron":
+    for call in calls:
+        m, inputs, outputs = call.module, call.x, call.y
+        spiking = source["kind"] in ("spikes", "pooled spikes")
+        if isinstance(m, BaseNode):
             source.update(kind="spikes", counts=outputs, size=outputs[0, 0].size)
-        elif op.kind in ("avgpool", "maxpool") and source["kind"] in ("spikes", "pooled spikes"):
-            if op.kind == "maxpool":  # a max-pooled spike map is spikes again
-                source.update(kind="spikes", counts=outputs, size=outputs[0, 0].size)
-            else:  # spike counts per pooled cell (sum pooling of the spikes)
-                k = op.size
-                window = (1, 1, k, k, 1)
-                counts = jax.lax.reduce_window(source["counts"], 0.0, jax.lax.add, window, window, "VALID")
-                source.update(kind="pooled spikes", counts=counts)
-        elif op.kind in ("flatten", "dropout"):
-            if source["counts"] is not None and op.kind == "flatten":
-                source["counts"] = source["counts"].reshape(*source["counts"].shape[:2], -1)
-        elif op.kind in ("conv", "linear"):
+        elif isinstance(m, layers.MaxPool2d) and spiking:  # a max-pooled spike map is spikes again
+            source.update(kind="spikes", counts=outputs, size=outputs[0, 0].size)
+        elif isinstance(m, layers.AvgPool2d) and spiking and m.stride in (None, m.kernel_size):
+            window = (1, 1, m.kernel_size, m.kernel_size, 1)  # spike counts per pooled cell (sum pooling)
+            counts = jax.lax.reduce_window(source["counts"], 0.0, jax.lax.add, window, window, "VALID")
+            source.update(kind="pooled spikes", counts=counts)
+        elif isinstance(m, (layers.Flatten, nnx.Dropout, layers.AvgPool2d, layers.MaxPool2d)):
+            if isinstance(m, layers.AvgPool2d):  # overlapping windows: real-valued
+                source.update(kind="real", counts=None)
+        elif isinstance(m, (nnx.Conv, nnx.Linear)):
+            conv = m if isinstance(m, nnx.Conv) else None
             binary = jnp.all((inputs == 0) | (inputs == 1))
             spike_input = source["kind"] != "real"
             counts = source["counts"] if spike_input else jnp.where(binary, inputs, 0)
             spikes = jnp.sum(counts, axis=(0, *range(2, counts.ndim)))
             size = source["size"] if spike_input else inputs[0, 0].size
-            found[op.name] = {"fanout": _windows(op, counts), "spikes": spikes, "binary": binary,
-                              "source": source["kind"], "size": size, "x": inputs.shape, "y": outputs.shape}
+            fan_in = m.in_features * (1 if conv is None else math.prod(_conv_geometry(call.name, conv)[0]))
+            dense = inputs.shape[0] * math.prod(outputs.shape[2:]) * fan_in
+            found[call.name] = ({"fanout": _windows(call.name, conv, counts), "spikes": spikes, "binary": binary},
+                                ("linear" if conv is None else "conv", source["kind"], int(size) * inputs.shape[0],
+                                 dense, m.out_features))
             source.update(kind="real", counts=None)
-        else:  # batchnorm
+        elif isinstance(m, layers.BatchNorm):
             source.update(kind="real", counts=None)
-
-    run_ops(ops, x, record=record)
-    arrays = {k: {kk: v for kk, v in d.items() if kk in ("fanout", "spikes", "binary")} for k, d in found.items()}
-    facts = {k: (d["source"], int(d["size"]), tuple(d["x"]), tuple(d["y"])) for k, d in found.items()}
-    return arrays, facts
+        else:
+            raise UnsupportedModelError(
+                f"{call.name} is a {type(m).__name__}, which operation counts have no rule for (they take "
+                "convolutions, linear layers, BatchNorm, pooling, flatten, dropout and spiking neurons)")
+    return {k: v[0] for k, v in found.items()}, {k: v[1] for k, v in found.items()}
 
 
 def count_ops(model: nnx.Module, x: jax.Array) -> OpReport:
-    """Per-layer AC / MAC counts of ``model`` (eval mode) on the batch ``x [T, N, ...]`` (see the module docstring)."""
+    """Per-layer AC / MAC counts of ``model`` (eval mode) on the batch ``x [T, N, ...]`` (see the module docstring).
+
+    Raises:
+      UnsupportedModelError: the model's layers are not a chain (``snnjax.deploy.calls.layer_chain``).
+    """
     model.eval()
     values, static = _measure_split(model, x)
-    ops = {op.name: op for op in layer_ops(model)}
     n = x.shape[1]
-    layers = []
-    for name in (name for name in ops if name in static):  # forward order
+    layers_ = []
+    for name, (kind, source, size, dense, out_features) in static.items():  # forward order
         v = values[name]
-        kind, size, x_shape, y_shape = static[name]
-        dense = _dense(ops[name], x_shape, y_shape)
-        spike_input = kind != "real" or bool(v["binary"])
-        fanout = float(np.sum(np.asarray(v["fanout"], np.int64)) * ops[name].module.out_features) / n
+        spike_input = source != "real" or bool(v["binary"])
+        fanout = float(np.sum(np.asarray(v["fanout"], np.int64)) * out_features) / n
         spikes = float(np.sum(np.asarray(v["spikes"], np.float64))) / n
-        label = kind if kind != "real" else ("spikes" if spike_input else "real")
-        layers.append(LayerOps(name, ops[name].kind, label, fanout if spike_input else 0.0,
-                               0.0 if spike_input else float(dense), float(dense), spikes if spike_input else 0.0,
-                               int(size) * x_shape[0]))
-    return OpReport(layers, n)
+        label = source if source != "real" else ("spikes" if spike_input else "real")
+        layers_.append(LayerOps(name, kind, label, fanout if spike_input else 0.0, 0.0 if spike_input else float(dense),
+                                float(dense), spikes if spike_input else 0.0, size))
+    return OpReport(layers_, n)
 
 
 def _measure_split(model, x):

@@ -9,10 +9,10 @@ and writes one JSON line per example::
 
 ``prediction`` is the argmax of the time-mean logits, ``probabilities`` their softmax (as the
 training's evaluation scores them); ``logits`` are the per-time-step outputs ``[T, K]``;
-``spike_counts`` (``--dump-spikes``) the spikes each neuron layer emitted for the example over all
-time steps. Batches are those of the training's evaluation (``global_batch_size``, dataset
-order, the last one padded), so Poisson-encoded inputs get the same random spikes and the
-accuracy printed equals ``summary.json``'s ``eval_accuracy`` for the same checkpoint.
+``spike_counts`` (``--dump-spikes``) the spikes each neuron layer (keyed by its attribute path)
+emitted for the example over all time steps. Batches are those of the training's evaluation
+(``global_batch_size``, dataset order, the last one padded), so Poisson-encoded inputs get the
+same random spikes and the accuracy printed equals ``summary.json``'s ``eval_accuracy`` for the same checkpoint.
 Python: ``predict(workdir, "test")`` returns the same as arrays. One process (its devices).
 """
 from __future__ import annotations
@@ -30,10 +30,10 @@ import numpy as np
 from flax import nnx
 
 from snnjax.data import Loader
-from snnjax.deploy.graph import layer_ops
-from snnjax.deploy.ops import run_ops
+from snnjax.deploy.calls import neurons
 from snnjax.deploy.run import RestoredRun, load_run, read_config
 from snnjax.layers.conv_cpu import compiler_options
+from snnjax.neurons.modules import observe
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.train.step import model_inputs
 
@@ -101,7 +101,7 @@ def predict_run(run: RestoredRun, data: str = "test", *, devices: Sequence[jax.D
     mesh = mesh_lib.make_mesh(f"data={len(devices)}", devices)
     loader = Loader(source, batch, seed=run.config.seed, shuffle=False, drop_remainder=False,
                     process_index=0, process_count=1, prefetch=0)
-    names = [op.name for op in layer_ops(run.model) if op.kind == "neuron"] if dump_spikes else []
+    names = [name for name, _ in neurons(run.model)] if dump_spikes else []
     graphdef, state = nnx.split(run.model)
     forward = jax.jit(_forward, static_argnums=(0, 1, 2), compiler_options=compiler_options(devices[0].platform))
     state = jax.device_put(state, mesh_lib.replicated(mesh))
@@ -133,19 +133,22 @@ def _source(run: RestoredRun, data: str):
 
 
 def _forward(graphdef, step_cfg, dump_spikes, state, inputs, index):
-    """Logits ``[T, N, K]`` and, with ``dump_spikes``, each neuron layer's spike count per example ``[N]``."""
+    """Logits ``[T, N, K]`` and, with ``dump_spikes``, each neuron's spike count per example ``[N]`` (in the order
+    of ``neurons(model)``)."""
     model = nnx.merge(graphdef, state)
     key = jax.random.fold_in(jax.random.key(step_cfg.seed + 1), index)  # the eval step's encoder key
     x = model_inputs(step_cfg, inputs, key)
     if not dump_spikes:
         return model(x), []
-    counts = []
+    index_of = {id(node): i for i, (_, node) in enumerate(neurons(model))}
+    counts = [jnp.zeros(x.shape[1], jnp.int32) for _ in index_of]
 
-    def record(op, _, y):
-        if op.kind == "neuron":
-            counts.append(jnp.sum(y.astype(jnp.float32), axis=(0, *range(2, y.ndim))).astype(jnp.int32))
+    def seen(node, spikes, _):
+        counts[index_of[id(node)]] += jnp.sum(spikes.astype(jnp.float32), axis=(0, *range(2, spikes.ndim))
+                                              ).astype(jnp.int32)
 
-    return run_ops(layer_ops(model), x, record=record), counts
+    with observe(seen):
+        return model(x), counts
 
 
 def main(argv: Sequence[str] | None = None) -> int:

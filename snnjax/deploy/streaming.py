@@ -1,44 +1,123 @@
 """Streaming inference: one time step in, logits out, the neuron states carried between calls.
 
-    stream = Streamer(model)          # a model in eval mode whose forward is an op chain
+    stream = Streamer(model)          # a model in eval mode
     for frame in frames:              # frame [N, ...]: one time step of N streams
         logits = stream(frame)        # [N, num_classes]
     stream.reset()                    # forget the states (a new sequence)
 
-The step is one jitted function ``(model state, states, x) -> (logits, states)`` compiled once per
-input shape; over ``T`` steps it gives the multi-step forward's logits ``[T, N, K]`` step by step
-(the same spikes; logits equal to rounding). Stateless layers run on ``[N, ...]`` per step
-instead of the merged ``[T*N, ...]`` batch.
+A step is the model's own forward on a sequence of one time step (``x[None]``), every spiking neuron
+switched to single-step mode (SpikingJelly's ``step_mode="s"``) from the carried state: ``step(model, x,
+states)`` is the pure function, ``Streamer`` jits it once per input shape. Over ``T`` steps it gives the
+multi-step forward's logits ``[T, N, K]`` step by step (the same spikes; logits equal to rounding) for any
+model whose layers act on each time step on its own (convolutions, BatchNorm in eval mode, pooling, attention
+over tokens, residuals: the zoo) and whose neurons are each called once per step; a neuron called twice per
+step, or a model without neurons or without the time axis in its output, is refused with
+``UnsupportedModelError``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from snnjax.deploy.graph import layer_ops
-from snnjax.deploy.ops import initial_states, neuron_ops, step_ops
+from snnjax.deploy.calls import UnsupportedModelError, neurons
+from snnjax.neurons.modules import observe
+
+
+def step(model: nnx.Module, x: jax.Array, states: Sequence[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    """One time step ``x [N, ...]`` through ``model`` from ``states`` (one ``[N, ...]`` per neuron of
+    ``neurons(model)``, anything broadcastable to it): ``(output [N, ...], new states)``.
+
+    The model's neurons are in single-step mode during the call and restored afterwards.
+
+    Raises:
+      UnsupportedModelError: a neuron not called exactly once (see the module docstring).
+    """
+    named = neurons(model)
+    if len(states) != len(named):
+        raise ValueError(f"states: {len(states)} arrays for the {len(named)} neurons of {type(model).__name__}")
+    saved = [(node.step_mode, node.v.get_value()) for _, node in named]
+    called = []
+    try:
+        for (_, node), v in zip(named, states, strict=True):
+            node.step_mode = "s"
+            node.v.set_value(jnp.asarray(v)[None])
+        with observe(lambda node, *_: called.append(node)):
+            y = model(x[None])
+        new = [node.v.get_value()[0] for _, node in named]
+    finally:
+        for (_, node), (mode, v) in zip(named, saved, strict=True):
+            node.step_mode = mode
+            node.v.set_value(v)
+    _check_called_once(model, named, called)
+    return y[0], new
+
+
+def _check_called_once(model: nnx.Module, named: list, called: list) -> None:
+    for name, node in named:
+        count = sum(c is node for c in called)
+        if count != 1:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}'s neuron {name} is called {count} times per time step: streaming and "
+                "single-step export carry one state per neuron, so each must be called once per step")
+
+
+def initial_states(model: nnx.Module, frame: jax.ShapeDtypeStruct) -> list[jax.Array]:
+    """Fresh neuron states (``v_reset``, or 0 for a soft reset) for steps ``frame [N, ...]``.
+
+    Raises:
+      UnsupportedModelError: ``model`` has no spiking neuron, its output has no time axis, or ``step`` refuses it.
+    """
+    named = _neurons_to_carry(model)
+    graphdef, model_state = nnx.split(model)  # merged inside the traces: a module shared by two paths stays one
+    t = frame.shape[0] + 1  # a length no other axis has
+
+    def multi_step(s, x):
+        m = nnx.merge(graphdef, s)
+        called = []
+        with observe(lambda node, *_: called.append(node)):
+            y = m(x)
+        _check_called_once(m, neurons(m), called)
+        return y
+
+    out = jax.eval_shape(multi_step, model_state, jax.ShapeDtypeStruct((t, *frame.shape), frame.dtype))
+    if out.shape[:1] != (t,):
+        raise UnsupportedModelError(f"{type(model).__name__} maps [T={t}, ...] inputs to {out.shape}: its output "
+                                    "has no time axis, so one step's output is not one step of it")
+    fresh = [0.0 if node.v_reset is None else node.v_reset for _, node in named]
+    shapes = jax.eval_shape(lambda s, x: step(nnx.merge(graphdef, s), x, fresh)[1], model_state, frame)
+    return [jnp.full(s.shape, v, s.dtype) for s, v in zip(shapes, fresh, strict=True)]
+
+
+def _neurons_to_carry(model: nnx.Module) -> list:
+    named = neurons(model)
+    if not named:
+        raise UnsupportedModelError(f"{type(model).__name__} has no spiking neuron (snnjax.neurons): there is no "
+                                    "state to carry from one time step to the next")
+    return named
 
 
 def _step(graphdef: nnx.GraphDef, model_state: nnx.State, states: list[jax.Array], x: jax.Array):
-    model = nnx.merge(graphdef, model_state)
-    return step_ops(layer_ops(model), x, states)
+    return step(nnx.merge(graphdef, model_state), x, states)
 
 
 _jitted_step = jax.jit(_step, static_argnums=0)
 
 
 class Streamer:
-    """Stateful single-step inference over ``model`` (``SpikingMLP``, ``CIFAR10DVSVGG``, a ``Sequential`` of ops).
+    """Stateful single-step inference over ``model`` (see the module docstring).
 
     Call it with one time step ``x [N, ...]`` (the model's input without ``T``) to get logits ``[N, K]``;
-    the neuron states persist until :meth:`reset`. ``states`` holds them (one array per neuron layer,
-    in forward order), ``None`` before the first step. The model is put in eval mode.
+    the neuron states persist until :meth:`reset`. ``states`` holds them (one array per neuron, in the order
+    of ``neuron_names``), ``None`` before the first step. The model is put in eval mode.
     """
 
     def __init__(self, model: nnx.Module):
         model.eval()
-        self.ops = layer_ops(model)
-        self.neuron_names = [op.name for op in neuron_ops(self.ops)]
+        self.neuron_names = [name for name, _ in _neurons_to_carry(model)]
+        self._model = model
         self._graphdef, self._model_state = nnx.split(model)
         self.states: list[jax.Array] | None = None
 
@@ -48,7 +127,7 @@ class Streamer:
 
     def init_states(self, x: jax.Array) -> list[jax.Array]:
         """Fresh neuron states for steps shaped like ``x [N, ...]``."""
-        return initial_states(self.ops, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return initial_states(self._model, jax.ShapeDtypeStruct(x.shape, x.dtype))
 
     def step(self, x: jax.Array, states: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
         """The pure step: ``(logits [N, K], new states)`` from ``states``."""

@@ -1,9 +1,14 @@
 """Interoperability with SpikingJelly.
 
-- ``layers``: the converters, per-layer rules and importer of a SpikingJelly (PyTorch) ``state_dict``; imports
-  into any model built from snnjax's layers and neurons (``snnjax.Sequential`` or your own), with a report.
-- ``rules``: the zoo's rule tables, one per model family; ``spikingjelly``: import through them into the zoo
-  models (VGG, Spikformer, ResNets, parametric-LIF nets, Spike-Driven Transformer, QKFormer).
+- ``spikingjelly``: ``import_state_dict``, the one importer of a SpikingJelly (PyTorch) ``state_dict``, into a
+  zoo model or any model built from snnjax's layers and neurons (``snnjax.Sequential`` or your own), with a report.
+- ``layers``: the converters and per-layer rules (``layer_locator``: keys located layer by layer); ``rules``: the
+  zoo's rule tables, one per model family (VGG, Spikformer, ResNets, parametric-LIF nets, Spike-Driven
+  Transformer, QKFormer).
 - ``check``: recompute a SpikingJelly reference file (golden outputs and gradients) and
   report how far snnjax is from it; ``python -m snnjax.interop check FILE.npz`` (``__main__``).
 """
+from snnjax.interop.layers import ImportReport, LayerRule, spikingjelly_inputs
+from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
+
+__all__ = ["ImportReport", "LayerRule", "convert_state_dict", "import_state_dict", "spikingjelly_inputs"]

@@ -4,15 +4,15 @@ A torch key is ``<module prefix>.<tensor name>``. A *locator* gives each key's s
 ``LayerRule``: which of the module's variables each torch tensor goes to, and how its layout changes on
 the way (``OIHW -> HWIO`` for convolutions, ``[out, in] -> [in, out]`` for linear layers). ``convert``
 applies it to a whole ``state_dict`` and reports every key; ``assign`` loads the result. The zoo models
-locate keys through their family's rule table (``snnjax.interop.rules``, ``snnjax.interop.spikingjelly``);
-any other model built from snnjax's layers and neurons imports with ``import_layers``, which pairs each
-snnjax module with the torch module of the same name and takes the ``LayerRule`` of the module's type
-from ``RULES``. ``snnjax.Sequential`` pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s keys);
-other models pair each module's attribute path (``features.3.conv`` with ``features.3.conv.`` keys) unless
-``prefixes`` says otherwise.
+locate keys through their family's rule table (``snnjax.interop.rules``); any other model built from
+snnjax's layers and neurons through ``layer_locator``, which pairs each snnjax module with the torch module
+of the same name and takes the ``LayerRule`` of the module's type from ``RULES``. ``snnjax.Sequential``
+pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s keys); other models pair each module's
+attribute path (``features.3.conv`` with ``features.3.conv.`` keys) unless ``prefixes`` says otherwise.
+Both import with ``snnjax.interop.spikingjelly.import_state_dict``:
 
     sd = dict(np.load("net_state_dict.npz"))                # torch keys -> numpy arrays
-    report = import_layers(net, sd, dtype=jnp.float64)      # float64 needs jax_enable_x64
+    report = import_state_dict(net, sd, dtype=jnp.float64)  # float64 needs jax_enable_x64
     print(report)                                            # each key -> variable, leftovers, casts
 
 The state_dict is plain numpy (produce it where torch lives, e.g. ``np.savez(path, **{k: v.numpy()
@@ -150,17 +150,18 @@ class ImportReport:
 Locate = Callable[[str], "tuple[Path, LayerRule] | None"]
 
 
-def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *, dtype=None
-            ) -> tuple[dict[Path, np.ndarray], ImportReport]:
+def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *, allow_unused: bool = False,
+            dtype=None) -> tuple[dict[Path, np.ndarray], ImportReport]:
     """Torch-keyed arrays -> ``({snnjax variable path: array in snnjax layout}, report)``; ``model`` is unchanged.
 
     ``locate(key)``: the snnjax module path and ``LayerRule`` of a torch key, or None (the key is left over, as
-    is one whose tensor name its rule lacks). A flat channel axis is split into the variable's head axes
-    (``[3D] -> [3, heads, head_dim]``: torch's channel order is head-major). ``dtype``: the dtype the report
-    notes casts to (default: each variable's own).
+    is one whose tensor name its rule lacks). ``allow_unused``: report left-over keys instead of refusing them.
+    A flat channel axis is split into the variable's head axes (``[3D] -> [3, heads, head_dim]``: torch's channel
+    order is head-major). ``dtype``: the dtype the report notes casts to (default: each variable's own).
 
     Raises:
-      KeyError: a key that lands on no variable of ``model`` (another depth or neuron).
+      KeyError: left-over keys (without ``allow_unused``), or a key that lands on no variable of ``model``
+        (another depth or neuron).
       ValueError: a key whose array does not fit its variable (another width); ``dtype`` float64 without x64.
     """
     if dtype is not None and np.dtype(dtype).itemsize == 8 and not jax.config.read("jax_enable_x64"):
@@ -169,18 +170,21 @@ def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *,
                          "first cell)")
     name = type(model).__name__
     variables = {_dotted(p): (p, v) for p, v in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat)))}
-    out, imported, ignored, leftover = {}, [], [], []
+    out, imported, ignored, leftover, located = {}, [], [], [], []
     for key, arr in state_dict.items():
-        found = locate(key)
-        module, rule = found or ((), NOTHING)
+        module, rule = locate(key) or ((), NOTHING)
         tensor = key.rpartition(".")[2]
         if tensor in rule.ignore:
             ignored.append(key)
-            continue
-        if tensor not in rule.tensors:
+        elif tensor not in rule.tensors:
             leftover.append(key)
-            continue
-        attr, to_snnjax = rule.tensors[tensor]
+        else:
+            located.append((key, arr, module, rule.tensors[tensor]))
+    if leftover and not allow_unused:
+        raise KeyError(f"{len(leftover)} keys of the state_dict have no counterpart in {name}, e.g. {leftover[:5]}: "
+                       "is this checkpoint for a different architecture or width? (allow_unused=True imports the "
+                       "rest)")
+    for key, arr, module, (attr, to_snnjax) in located:
         dotted = _dotted(module + (attr,))
         if dotted not in variables:
             raise KeyError(f"SpikingJelly key {key!r} maps to {dotted!r}, which does not exist in the model: this "
@@ -227,18 +231,11 @@ def default_prefixes(model: nnx.Module) -> dict[str, Path]:
     return out
 
 
-def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes: Mapping[str, Path] | None = None,
-                  rules: Mapping[str, LayerRule] | None = None, dtype=None, strict: bool = True) -> ImportReport:
-    """Load ``state_dict`` (torch key -> array) into ``model`` in place, layer by layer; returns the report.
-
-    ``prefixes``: ``{torch prefix: snnjax module path}`` (default ``default_prefixes(model)``). ``rules``:
-    ``{torch prefix: LayerRule}`` for layers whose tensors need other than their type's rule (e.g. a
-    classifier after a channels-first flatten of a channels-last model permutes its input axis). ``dtype``: the
-    dtype the variables take (``jnp.float64`` keeps a float64 checkpoint exact; it needs
-    ``jax.config.update("jax_enable_x64", True)`` first); default: each variable keeps its dtype, and a
-    narrowing cast is noted in the report. ``strict``: raise ``KeyError`` for keys left over or model
-    variables not provided (the message is the report), before loading anything; otherwise only report them.
-    """
+def layer_locator(model: nnx.Module, prefixes: Mapping[str, Path] | None = None,
+                  rules: Mapping[str, LayerRule] | None = None) -> Locate:
+    """``key -> (module path, LayerRule)`` layer by layer: the module at the key's prefix (``prefixes``: ``{torch
+    prefix: snnjax module path}``, default ``default_prefixes(model)``) and the ``LayerRule`` of its type (``RULES``),
+    or ``rules[prefix]`` where given (e.g. a classifier after a channels-first flatten permutes its input axis)."""
     prefixes = default_prefixes(model) if prefixes is None else dict(prefixes)
     modules = dict(nnx.iter_modules(model))
 
@@ -251,12 +248,7 @@ def import_layers(model: nnx.Module, state_dict: Mapping[str, Any], *, prefixes:
             raise KeyError(f"prefixes[{prefix!r}] = {path}: the model has no module at that path")
         return path, (rules or {}).get(prefix) or rule_for(modules[path]) or NOTHING
 
-    values, report = convert(model, state_dict, locate, dtype=dtype)
-    if strict and (report.leftover or report.missing):
-        raise KeyError(f"the state_dict and the model do not match (pass strict=False to import what matches):\n"
-                       f"{report}")
-    assign(model, values, dtype)
-    return report
+    return locate
 
 
 def _dotted(path: Path) -> str:

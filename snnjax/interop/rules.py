@@ -24,8 +24,9 @@ an output projection ``[D, D] -> [heads, head_dim, D]``. Every conversion is a p
 same tables map torch gradients.
 
 The first rule whose expression matches wins; a key no rule matches, or a parameter name its kind
-lacks, raises ``KeyError``. A family is registered by its model class in ``TABLES``: a function of
-the model (its depth, pools, ...) returning the table.
+lacks, has no counterpart (the importer refuses it unless told, ``snnjax.interop.spikingjelly``). A
+family is registered by its model class in ``TABLES``: a function of the model (its depth, pools, ...)
+returning the table.
 """
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ class Rule:
             raise ValueError(f"rule kind must be one of {tuple(KINDS)}, got {self.kind!r}")
 
 
-def locate(table: Sequence[Rule], model: nnx.Module, key: str) -> tuple[Path, LayerRule]:
-    """The snnjax module path and ``LayerRule`` of torch ``key`` under ``table``; ``KeyError`` if it has none."""
+def locate(table: Sequence[Rule], model: nnx.Module, key: str) -> tuple[Path, LayerRule] | None:
+    """The snnjax module path and ``LayerRule`` of torch ``key`` under ``table``; None if it has none."""
     prefix, _, tensor = key.rpartition(".")
     for rule in table:
         if m := re.fullmatch(rule.pattern, prefix):
@@ -80,18 +81,16 @@ def locate(table: Sequence[Rule], model: nnx.Module, key: str) -> tuple[Path, La
             if tensor in found.tensors or tensor in found.ignore:
                 return tuple(rule.target.format(None, *m.groups(), **m.groupdict()).split(".")), found
             break
-    raise KeyError(f"SpikingJelly key {key!r} has no counterpart in {type(model).__name__}; is this checkpoint for "
-                   "a different architecture or width?")
+    return None
 
 
-def locator(model: nnx.Module) -> Locate:
-    """``key -> (module path, LayerRule)`` through the table of ``model``'s family (``TypeError`` if none)."""
+def locator(model: nnx.Module) -> Locate | None:
+    """``key -> (module path, LayerRule)`` through the table of ``model``'s family; None for a model outside them."""
     for cls, family in TABLES.items():
         if isinstance(model, cls):
             table = family(model)
             return lambda key: locate(table, model, key)
-    raise TypeError(f"no SpikingJelly mapping for {type(model).__name__}; supported: "
-                    f"{', '.join(c.__name__ for c in TABLES)}")
+    return None
 
 
 # -- the tables of the model families ----------------------------------------------------------

@@ -39,6 +39,7 @@ class SpikingMLP(nnx.Module):
             kwargs.update(tau=tau, decay_input=decay_input)
         elif neuron == "PLIF":
             kwargs.update(init_tau=tau, decay_input=decay_input)
+        self.flatten = layers.Flatten("hwc")
         fcs, bns, nodes, fin = [], [], [], in_features
         for i, h in enumerate(hidden):
             axes = alternate(i)
@@ -65,7 +66,7 @@ class SpikingMLP(nnx.Module):
         return [(fc, "binary") for fc in list(self.fcs)[1:]] + ([(self.head, "binary")] if len(self.fcs) else [])
 
     def _layer(self, i: int, x: jax.Array) -> jax.Array:
-        x = self.fcs[i](layers.flatten_features(x) if i == 0 else x)
+        x = self.fcs[i](self.flatten(x) if i == 0 else x)
         return self.neurons[i](self.bns[i](x) if self.bns is not None else x)
 
     def __call__(self, x: jax.Array) -> jax.Array:

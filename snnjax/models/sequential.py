@@ -28,8 +28,7 @@ has a ``kind`` (``KINDS``):
 - ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF", ...}`` plus the neuron's keywords (``tau``,
   ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``, ``surrogate_function``)
 
-A Sequential made only of these layers (however it was built) is a chain of the inference ops of
-``snnjax.deploy.ops``: streaming, op counts, export and NIR take it.
+Streaming, export, op counts and NIR run a Sequential's own layers (``snnjax.deploy``).
 """
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ class VGGBlock(nnx.Module):
     def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: dict, *, rngs: nnx.Rngs,
                  dtype=None, param_dtype=None, axes: tuple[str, str] = ("embed", "mlp")):
         self.pool = pool
+        self.avgpool = layers.AvgPool2d(2) if pool else None
         self.conv = layers.conv2d(in_channels, out_channels, 3, padding=1, kernel_init=_conv_init,
                                   rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes)
         self.bn = layers.BatchNorm(out_channels, dtype=dtype, param_dtype=param_dtype, axes=axes[1:])
@@ -45,8 +46,8 @@ class VGGBlock(nnx.Module):
         self.row_parallel = axes[1] != "mlp"
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        if self.pool:
-            x = layers.avg_pool2d(x, 2)
+        if self.avgpool is not None:
+            x = self.avgpool(x)
         y = self.conv(x)
         if self.row_parallel:  # whole channels after the partial sums; rows split under sequence parallelism
             y = constrain(y, ("time", "batch", "height", None, "embed"))
@@ -75,6 +76,7 @@ class CIFAR10DVSVGG(nnx.Module):
             raise ValueError(f"image_size={image_size} is too small for {sum(pools) + 1} poolings")
         self.features = nnx.List(blocks)
         self.feature_shape = (size, size, cin)
+        self.pool, self.flatten = layers.AvgPool2d(2), layers.Flatten("hwc")
         self.dropout = layers.dropout(dropout, rngs=rngs)
         # With an odd number of blocks the features are channel-split; the classifier then gathers them.
         self.classifier = layers.linear(cin * size * size, num_classes, rngs=rngs, dtype=dtype,
@@ -101,4 +103,4 @@ def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
 
 
 def _head(model: CIFAR10DVSVGG, x: jax.Array) -> jax.Array:
-    return model.classifier(model.dropout(layers.flatten_features(layers.avg_pool2d(x, 2))))
+    return model.classifier(model.dropout(model.flatten(model.pool(x))))

@@ -35,8 +35,10 @@ _OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_neuron_observ
 @contextlib.contextmanager
 def observe(fn: Callable[[nnx.Module, jax.Array, jax.Array], None]):
     """Within this context every neuron call also calls ``fn(neuron, spikes, v)`` (``v``: ``[T, ...]`` in
-    multi-step mode, the new state in single-step mode). Used while tracing by ``snnjax.monitor``."""
-    token = _OBSERVER.set(fn)
+    multi-step mode, the new state in single-step mode). Used while tracing by ``snnjax.monitor`` and
+    ``snnjax.deploy``. Contexts nest: an enclosing one's ``fn`` is called too."""
+    outer = _OBSERVER.get()
+    token = _OBSERVER.set(fn if outer is None else lambda *seen: (outer(*seen), fn(*seen)))
     try:
         yield
     finally:
