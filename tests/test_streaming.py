@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import gesture_sequential
 
 from snnjax import Sequential, layers
 from snnjax.deploy import streaming
 from snnjax.deploy.calls import UnsupportedModelError, neurons
 from snnjax.deploy.streaming import Streamer, initial_states, step
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
-from snnjax.models.sequential import dvs_gesture_net
 from snnjax.neurons import LIFNode
 from snnjax.neurons.modules import observe
 
@@ -47,15 +47,15 @@ def build(name):
         randomize_batch_norm(net)
         return net, (4, 2, 8, 8, 2), 3.0
     if name == "spikformer":  # attention and residuals: not a chain, but every layer acts on each step on its own
-        net = Spikformer(img_size=32, in_channels=2, embed_dims=16, num_heads=2, depths=1, num_classes=3,
-                         rngs=nnx.Rngs(4), **F64)
+        net = Spikformer(img_size_h=32, img_size_w=32, in_channels=2, embed_dims=16, num_heads=2, depths=1,
+                         num_classes=3, rngs=nnx.Rngs(4), **F64)
         randomize_batch_norm(net)
         for _, m in nnx.iter_modules(net):  # a larger shift: every LIF (tau 2) of the small net fires
             if isinstance(m, layers.BatchNorm):
                 m.bias[...] = m.bias[...] + 0.6
         return net, (3, 2, 32, 32, 2), 1.0
-    net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max", rngs=nnx.Rngs(2),
-                          **F64)
+    net = gesture_sequential((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max",
+                             rngs=nnx.Rngs(2), **F64)
     randomize_batch_norm(net)
     net.layers[10].kernel[...] = 4.0 * np.asarray(net.layers[10].kernel[...])  # the hidden layer: drive to fire
     return net, (4, 2, 16, 16, 2), 3.0

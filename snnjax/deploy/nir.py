@@ -137,7 +137,7 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
                                               padding=np.array([0, 0]))))
         elif isinstance(module, layers.MaxPool2d):
             raise NIRError(f"{call_name}: NIR 1.0 has no max pooling node; build the net with average pooling "
-                           "(e.g. dvs_gesture_net(pool='avg'))")
+                           "(snnjax.layers.AvgPool2d; a spec {'kind': 'avgpool'})")
         elif isinstance(module, layers.Flatten):
             if len(x_shape) == 1:
                 continue
