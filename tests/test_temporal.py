@@ -17,8 +17,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from snnjax.neurons import ATan, Sigmoid, dispatch, temporal, xla
+from snnjax.neurons import ATan, Sigmoid
 from snnjax.neurons import base as B
+from snnjax.neurons.kernels import dispatch, temporal, xla
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import report
 
