@@ -232,7 +232,7 @@ def randomize_batch_norm(model, seed=0):
 
 def deploy_model(name):
     """``(model, input shape [T, N, ...], input scale)`` of a small float64 model whose every layer fires:
-    ``"mlp"``, ``"vgg"``, ``"user"`` (a ``Sequential`` built by hand) or ``"dvs_gesture"``."""
+    ``"mlp"``, ``"vgg"``, ``"user"`` (a ``Sequential`` built by hand), ``"spikformer"`` or ``"dvs_gesture"``."""
     if name == "mlp":
         return SpikingMLP(16, (48, 32), 5, tau=1.5, rngs=nnx.Rngs(0), **F64), (6, 3, 4, 4, 1), 4.0
     if name == "vgg":
@@ -247,6 +247,14 @@ def deploy_model(name):
                          layers.dropout(0.5), layers.linear(6 * 4 * 4, 3, rngs=rngs, **F64))
         randomize_batch_norm(net)
         return net, (4, 2, 8, 8, 2), 3.0
+    if name == "spikformer":  # attention and residuals: not a chain, but every layer acts on each step on its own
+        net = Spikformer(img_size=32, in_channels=2, embed_dims=16, num_heads=2, depths=1, num_classes=3,
+                         rngs=nnx.Rngs(4), **F64)
+        randomize_batch_norm(net)
+        for _, m in nnx.iter_modules(net):  # a larger shift: every LIF (tau 2) of the small net fires
+            if isinstance(m, layers.BatchNorm):
+                m.bias[...] = m.bias[...] + 0.6
+        return net, (3, 2, 32, 32, 2), 1.0
     net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max", rngs=nnx.Rngs(2),
                           **F64)
     randomize_batch_norm(net)
