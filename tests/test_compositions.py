@@ -16,13 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import BATCH, TOL, _flat, _rel, gathered_dims, initial_state, neuron_kernels, three_steps
+from helpers import BATCH, assert_same_training, flat, gathered_dims, initial_state, neuron_kernels, train_layout
 
-from snnjax import parallel
 from snnjax.models import CIFAR10DVSVGG, SpikingMLP
 from snnjax.neurons import set_impl
 from snnjax.neurons.kernels import temporal as neuron_temporal
-from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
 
@@ -52,34 +50,21 @@ def _run(name: str, mesh_spec: str | None, mode: str, microbatches: int = 1, imp
          zero_stage: int | None = None):
     """``(first-step metrics, state after 3 steps, plan, compiled HLO text, neuron schedules traced, step report
     with the state's per-device bytes)``."""
-    model, graphdef, tx, host_state, x, y = initial_state(*build(name, impl))
-    cfg = StepConfig(seed=0, time_steps=x.shape[0], encoder=None, compute_dtype=jnp.float64, return_grads=True,
+    setup = initial_state(*build(name, impl))
+    time_steps = setup[4].shape[0]
+    cfg = StepConfig(seed=0, time_steps=time_steps, encoder=None, compute_dtype=jnp.float64, return_grads=True,
                      grad_accum_steps=microbatches if mesh_spec is None else 1)
-    if mesh_spec is None:
-        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
-    else:
-        pipeline = PipelineOptions("1f1b", 1, microbatches) if mode == "pp" else None
-        size = int(np.prod(list(mesh_lib.parse_mesh_spec(mesh_spec).values())))
-        plan = parallel.plan(model, mesh_lib.make_mesh(mesh_spec, jax.devices()[:size]), mode=mode,
-                             global_batch_size=BATCH,
-                             pipeline=pipeline, zero_stage=zero_stage, time_steps=x.shape[0])
+    pipeline = PipelineOptions("1f1b", 1, microbatches) if mode == "pp" else None
     with neuron_temporal.recording() as schedules:
-        first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
-    report = parallel.step_report(compiled, state)
-    if plan.packing is not None:
-        state = plan.packing.unpack_state(state)
-        first = dict(first, grads=plan.packing.unpack(first["grads"]))
-    return jax.device_get(first), jax.device_get(state), plan, compiled.as_text(), list(schedules), report
+        first, state, plan, compiled, report = train_layout(
+            setup, cfg, mesh_spec, report=True, mode=mode, global_batch_size=BATCH, pipeline=pipeline,
+            zero_stage=zero_stage, time_steps=time_steps)
+    return first, state, plan, compiled.as_text(), list(schedules), report
 
 
 def _assert_equal_to_one_device(name, first, state, microbatches=1, impl="auto"):
     ref_first, ref_state, *_ = _run(name, None, "none", microbatches, impl)
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))
-    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
-        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
-    for part in ("params", "model_state", "opt_state"):
-        assert _rel(_flat(getattr(state, part)), _flat(getattr(ref_state, part))) <= TOL, part
+    assert_same_training(first, state, ref_first, ref_state)
 
 
 def test_pipeline_with_time_splits_each_stage_time_steps():
@@ -135,12 +120,9 @@ def test_pipeline_in_bfloat16_follows_float32():
         model, graphdef, tx, host_state, x, y = initial_state(model, (4, BATCH, 4, 4, 1))
         cfg = StepConfig(seed=0, time_steps=4, encoder=None, compute_dtype=dtype, return_grads=True,
                          grad_accum_steps=1 if mesh_spec else 2)
-        devices = jax.devices()[:8 if mesh_spec else 1]
-        plan = parallel.plan(model, mesh_lib.make_mesh(mesh_spec or "data=1", devices), mode="pp" if mesh_spec
-                             else "none", global_batch_size=BATCH, pipeline=PipelineOptions("1f1b", 1, 2))
-        first, _, _ = three_steps(plan, host_state, cfg, graphdef, tx, x.astype(jnp.float32), y)
-        grads = plan.packing.unpack(first["grads"]) if plan.packing is not None else first["grads"]
-        return float(first["loss"]), _flat(jax.device_get(grads))
+        first, *_ = train_layout((model, graphdef, tx, host_state, x.astype(jnp.float32), y), cfg, mesh_spec,
+                                 mode="pp", global_batch_size=BATCH, pipeline=PipelineOptions("1f1b", 1, 2))
+        return float(first["loss"]), flat(first["grads"])
 
     loss, grads = run("stage=2,data=4", jnp.bfloat16)
     ref_loss, ref_grads = run(None, jnp.float32)

@@ -1,6 +1,6 @@
 """Corrupt event files: a ValueError that names the file and what is wrong, also through the prefetch thread.
 
-Valid files are written in the real formats by the helpers of ``test_data_events``;
+Valid files are written in the real formats by ``helpers``' event-file writers;
 each case then damages one the way a bad download, a full disk or a wrong file does.
 """
 import re
@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from test_data_events import AEDAT_HEADER, aedat_bytes, nmnist_bytes, random_aedat, random_events, write_cifar10dvs
+from helpers import AEDAT_HEADER, aedat_bytes, nmnist_bytes, random_aedat, random_events, write_cifar10dvs
 
 from snnjax.data import Loader
 from snnjax.data.cifar10dvs import read_cifar10dvs_aedat

@@ -4,10 +4,10 @@ Expected values come from straightforward loops written here, independent of
 the vectorised library code.
 """
 import math
-import struct
 
 import numpy as np
 import pytest
+from helpers import AEDAT_HEADER, aedat_bytes, nmnist_bytes, random_aedat, random_events, write_cifar10dvs
 
 from snnjax.data import events as ev
 from snnjax.data.cifar10dvs import CIFAR10DVS_CLASS_NAMES, aedat_header_length, read_cifar10dvs_aedat
@@ -15,43 +15,6 @@ from snnjax.data.nmnist import read_nmnist_bin
 from snnjax.data.registry import get_source
 
 # ----------------------------------------------------------------------------- helpers
-
-def random_events(rng, n, height, width, t_max=(1 << 23) - 1):
-    t = np.sort(rng.integers(0, t_max, n))
-    return t, rng.integers(0, width, n), rng.integers(0, height, n), rng.integers(0, 2, n)
-
-
-def nmnist_bytes(t, x, y, p):
-    """One 40-bit record per event: x, y, polarity bit + 23-bit timestamp (big-endian)."""
-    out = bytearray()
-    for ti, xi, yi, pi in zip(t.tolist(), x.tolist(), y.tolist(), p.tolist(), strict=True):
-        out += bytes([xi, yi, (pi << 7) | (ti >> 16), (ti >> 8) & 0xFF, ti & 0xFF])
-    return bytes(out)
-
-
-AEDAT_HEADER = (b"#!AER-DAT2.0\r\n"
-                b"# This is a raw AE data file - do not edit\r\n"
-                b"# Data format is int32 address, int32 timestamp (8 bytes total)\r\n"
-                b"# Timestamps tick is 1 us\r\n"
-                b"#!END-HEADER\r\n")
-
-
-def aedat_bytes(t, x_raw, y_raw, pol, junk_bits):
-    """Header + big-endian (address, timestamp) pairs; ``junk_bits`` set bits the decoder must ignore."""
-    out = bytearray(AEDAT_HEADER)
-    for ti, xi, yi, pi, ji in zip(t.tolist(), x_raw.tolist(), y_raw.tolist(), pol.tolist(),
-                                  junk_bits.tolist(), strict=True):
-        out += struct.pack(">II", (yi << 8) | (xi << 1) | pi | ji, ti)
-    return bytes(out)
-
-
-def random_aedat(rng, n):
-    t = np.sort(rng.integers(0, 2**31, n))
-    x_raw, y_raw, pol = rng.integers(0, 128, n), rng.integers(0, 128, n), rng.integers(0, 2, n)
-    junk = rng.choice(np.array([0, 1 << 15, 1 << 20, 1 << 31], np.int64), n)
-    junk[0] = 1 << 31  # the first data byte is >= 0x80: not text, so the header skip stops there
-    return t, x_raw, y_raw, pol, junk
-
 
 def loop_frames(x, y, p, time_steps, height, width):
     """SpikingJelly split_by='number', written as plain loops; channels-last."""
@@ -227,19 +190,6 @@ def test_cifar10dvs_rejects_odd_word_count(tmp_path):
     (tmp_path / "bad.aedat").write_bytes(AEDAT_HEADER + b"\x80\x00\x00\x01")
     with pytest.raises(ValueError, match="pairs"):
         read_cifar10dvs_aedat(tmp_path / "bad.aedat")
-
-
-def write_cifar10dvs(root, files_per_class, n_events=60, seed=3):
-    rng = np.random.default_rng(seed)
-    written = {}
-    for label, name in enumerate(CIFAR10DVS_CLASS_NAMES):
-        (root / name).mkdir(parents=True)
-        for i in range(files_per_class[label]):
-            events = random_aedat(rng, n_events)
-            path = root / name / f"cifar10_{name}_{i}.aedat"
-            path.write_bytes(aedat_bytes(*events))
-            written[path] = (label, events)
-    return written
 
 
 def test_cifar10dvs_split_frames_and_resize(tmp_path):

@@ -23,8 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_launch import ROOT, child_env, launch_cmd
-from test_train import load_config
+from helpers import ROOT, child_env, launch_cmd, load_config
 
 from snnjax.runtime import launch
 from snnjax.train import train_and_evaluate

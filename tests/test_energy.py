@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_streaming import F64, build, randomize_batch_norm
+from helpers import F64, deploy_model, randomize_batch_norm
 
 from snnjax import layers
 from snnjax.deploy import energy
@@ -82,7 +82,7 @@ def strided_net():
 @pytest.mark.parametrize("name", ["vgg", "strided"])
 def test_counts_match_an_independent_count_of_spikes_times_fan_out(x64, name):
     if name == "vgg":
-        model, shape, scale = build("vgg")
+        model, shape, scale = deploy_model("vgg")
     else:
         model, shape, scale = strided_net(), (3, 4, 11, 11, 2), 3.0
     model.eval()
@@ -100,7 +100,7 @@ def test_counts_match_an_independent_count_of_spikes_times_fan_out(x64, name):
 
 
 def test_binary_inputs_count_as_spikes(x64):
-    model, shape, _ = build("mlp")
+    model, shape, _ = deploy_model("mlp")
     x = (jax.random.uniform(jax.random.key(6), shape) < 0.3).astype(jnp.float64)  # e.g. Poisson-encoded
     first = count_ops(model, x).layers[0]
     assert first.input == "spikes" and first.mac == 0
@@ -144,7 +144,7 @@ print(json.dumps(out))
 def test_spikingjellys_op_counter_agrees_on_spike_inputs_and_counts_pooled_ones_dense(x64, tmp_path):
     """SpikingJelly's SynOps equal our AC where a layer reads spikes; a layer reading average-pooled spikes is
     not binary there, so SpikingJelly counts its dense MACs where we count the spikes' accumulates."""
-    model, shape, scale = build("vgg")
+    model, shape, scale = deploy_model("vgg")
     model.eval()
     x = scale * jax.random.uniform(jax.random.key(5), shape, jnp.float64)
     inputs, geometry = {}, {}

@@ -1,6 +1,5 @@
 """The exported model (jax.export, symbolic batch) runs in a fresh process from the file alone and reproduces logits."""
 import json
-import pathlib
 import subprocess
 import sys
 import zipfile
@@ -10,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_predict import digits_config
-from test_streaming import randomize_batch_norm
+from helpers import ROOT, load_config, randomize_batch_norm
 
 from snnjax import Sequential, layers
 from snnjax.deploy import export as export_lib
@@ -21,7 +19,6 @@ from snnjax.models import CIFAR10DVSVGG
 from snnjax.neurons import LIFNode
 from snnjax.train import train_and_evaluate
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOADER = ROOT / "snnjax" / "deploy" / "exported.py"
 
 # Run in a fresh interpreter: the reader's file imported on its own (no snnjax package, no model code).
@@ -62,7 +59,7 @@ def run_fresh(model_file, inputs: dict, tmp_path) -> dict:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("digits")
-    train_and_evaluate(digits_config(num_steps=6, log_every_steps=6, checkpoint_every_steps=6), workdir)
+    train_and_evaluate(load_config("digits", num_steps=6, log_every_steps=6, checkpoint_every_steps=6), workdir)
     return workdir
 
 

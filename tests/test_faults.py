@@ -5,7 +5,6 @@ is the uninterrupted run the interrupted ones must reproduce bitwise. SIGTERM st
 workdir resumes in-process to equal an uninterrupted run of its own.
 """
 import errno
-import importlib.util
 import json
 import os
 import pathlib
@@ -17,28 +16,22 @@ import sys
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from helpers import ROOT, load_config, start_until_checkpoint
 from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
-from test_train import start_until_checkpoint
 
 from snnjax.data import Loader
 from snnjax.train import base_config, loop, train_and_evaluate, validate
 from snnjax.train.checkpoint import CheckpointError, complete_steps
 from snnjax.train.loop import NonFiniteError, Preempted
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 6
 NAN_STEP = 3  # 1-based, as the logs count
 
 
 def digits_config(**overrides):
     """``configs/digits.py`` on one device (``parallel.mode=none``), with ``overrides``."""
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = load_config("digits", **overrides)
     c.parallel.mode = "none"
-    for key, value in overrides.items():
-        setattr(c, key, value)
     return c
 
 

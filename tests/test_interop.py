@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import quick_compiles
 from flax import nnx
-from test_zoo import quick_compiles
 
 from snnjax.interop import check
 from snnjax.interop.__main__ import main as interop_main
@@ -65,7 +65,7 @@ def test_cli_passes_every_shipped_neuron_case(reference_dir, capsys):
 @pytest.mark.parametrize("name", ["vgg", "spikformer"])
 def test_models_match_spikingjelly(name, impl, x64):
     """Eval/train logits, loss, every parameter gradient, BN statistics after the step. Spikformer's programs
-    compile with ``test_zoo.quick_compiles`` (VGG's convolutions run longer unoptimised than they compile)."""
+    compile with ``conftest.quick_compiles`` (VGG's convolutions run longer unoptimised than they compile)."""
     cases, arrays = check.load(FIXTURE)
     assert set(cases) == {"vgg", "spikformer"}
     with quick_compiles() if name == "spikformer" else contextlib.nullcontext():

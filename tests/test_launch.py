@@ -18,32 +18,13 @@ import jax
 import numpy as np
 import pytest
 from conftest import COMPILE_SPEED_FLAGS
+from helpers import CLUSTER_VARS, ROOT, child_env, launch_cmd
 
 from snnjax import xla_options
 from snnjax.data.loader import Loader, process_slice
 from snnjax.data.source import ArraySource
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.runtime import distributed, launch
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-CLUSTER_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
-                "OMPI_MCA_orte_hnp_uri", "KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "TPU_WORKER_HOSTNAMES",
-                "TPU_PROCESS_ADDRESSES")
-
-
-def child_env(**extra) -> dict[str, str]:
-    """This environment without job settings (children set their own devices and ranks)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID,
-                        distributed.ENV_COLLECTIVE_TIMEOUT, *CLUSTER_VARS)}
-    if "XLA_FLAGS" in extra:  # the suite's compile-speed flags stay (the same numerics as this process)
-        extra["XLA_FLAGS"] = f"{COMPILE_SPEED_FLAGS} {extra['XLA_FLAGS']}"
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **extra)
-    return env
-
-
-def launch_cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "snnjax.runtime.launch", *map(str, args)]
 
 
 def write_script(tmp_path, body: str) -> pathlib.Path:

@@ -9,8 +9,7 @@ import nir
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import gesture_sequential
-from test_streaming import F64, build, randomize_batch_norm
+from helpers import F64, deploy_model, gesture_sequential, randomize_batch_norm
 
 from snnjax import layers
 from snnjax.deploy.calls import UnsupportedModelError
@@ -29,7 +28,7 @@ def gesture_net():
 
 
 def model_and_input(name):
-    model, shape, scale = gesture_net() if name == "dvs_gesture" else build(name)
+    model, shape, scale = gesture_net() if name == "dvs_gesture" else deploy_model(name)
     model.eval()
     return model, scale * jax.random.uniform(jax.random.key(3), shape, jnp.float64)
 

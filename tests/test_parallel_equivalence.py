@@ -8,7 +8,7 @@ serves both checks and the HLO assertions.
 
 The neurons run as the models build them (``impl="auto"``): the fused native kernels, on
 one device as they are and under every layout through ``snnjax.neurons.kernels.sharded``, per
-device on its shard; each compiled step must contain them (``neuron_kernels`` below).
+device on its shard; each compiled step must contain them (``helpers.neuron_kernels``).
 
 Errors are normwise relative, ``||a - b|| / ||b||``. A conv / linear bias followed by
 train-mode BatchNorm has an analytically zero gradient: both sides are rounding noise
@@ -18,28 +18,14 @@ vector.
 """
 from __future__ import annotations
 
-import collections
 import functools
-import re
 
-import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
-from flax import nnx
+from helpers import assert_same_training, initial_state, layout_model, neuron_kernels, train_layout
 
 from snnjax import parallel
-from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
-from snnjax.parallel import mesh as mesh_lib
-from snnjax.train import apply_plan
-from snnjax.train.step import StepConfig, TrainState, split_model
-
-TOL = 1e-9
-BATCH = 8
-# The partitioning under test happens in XLA's HLO passes; LLVM's optimisation level only changes how fast
-# the tests compile (about 2x on CPU), not what is partitioned.
-COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+from snnjax.train.step import StepConfig
 
 MODES = {  # name: (mode, mesh, zero_stage, sequence_parallel)
     "none": ("none", None, None, False),
@@ -62,93 +48,21 @@ def _float64(x64_module):  # conftest: jax_enable_x64 for this module, restored 
     _setup.cache_clear()
 
 
-def build(name: str):
-    kw = dict(rngs=nnx.Rngs(0), dtype=jnp.float64, param_dtype=jnp.float64)
-    if name == "mlp":  # two hidden layers: a column/row pair, BatchNorm on both
-        return SpikingMLP(16, (16, 16), 10, batch_norm=True, **kw), (2, BATCH, 4, 4, 1)
-    if name == "vgg":
-        return (CIFAR10DVSVGG(widths=(8, 8, 16, 16, 16, 16, 16, 16), image_size=16, dropout=0.0, **kw),
-                (2, BATCH, 16, 16, 2))
-    # 8 heads of 4 channels: tensor=8 puts one whole head on each device; the 4-channel stem stage
-    # does not divide by 8 and stays whole (the divisibility fallback).
-    return (Spikformer(T=2, img_size_h=32,
-                       img_size_w=32, in_channels=2, num_classes=10, embed_dims=32, num_heads=8, depths=1,
-                       mlp_ratio=2, **kw), (2, BATCH, 32, 32, 2))
-
-
 @functools.cache
 def _setup(model_name: str):
     """The model (built once per model), its split state, the optimizer and the batch."""
-    return initial_state(*build(model_name))
-
-
-def initial_state(model, shape):
-    """``(model, graphdef, Adam, host TrainState, a spike-like float64 batch of shape, labels)``."""
-    graphdef, params, rngs, rest = split_model(model)
-    tx = optax.adam(1e-2)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                       opt_state=tx.init(params))
-    x = (jax.random.uniform(jax.random.key(1), shape) < 0.4).astype(jnp.float64) * 1.5
-    return model, graphdef, tx, jax.device_get(state), x, jnp.arange(BATCH) % 10
-
-
-def three_steps(plan, host_state, cfg, graphdef, tx, x, y):
-    """``(first step's metrics, state after 3 steps, compiled step)``: ``plan`` applied, 3 steps on ``(x, y)``."""
-    state, step = apply_plan(plan, host_state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
-                             batch_ndims={"inputs": 5, "labels": 1})
-    batch = {"inputs": jax.device_put(x, plan.batch_sharding(5, 1)),
-             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
-    compiled = step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
-    state, first = compiled(state, batch)
-    for _ in range(2):
-        state, _ = compiled(state, batch)
-    return first, state, compiled
+    return initial_state(*layout_model(model_name))
 
 
 @functools.cache
 def _run(model_name: str, case: str):
     """``(first-step metrics with grads, state after 3 steps, plan, step report)`` of one layout."""
-    model, graphdef, tx, host_state, x, y = _setup(model_name)
-    host_state = jax.tree.map(lambda a: a.copy(), host_state)  # the step donates its input (RNG keys stay on device)
     cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True)
     mode, spec, zero, sp = {**MODES, **EXTRA}[case]
-    mesh = mesh_lib.make_mesh("data=1", jax.devices()[:1]) if spec is None else mesh_lib.make_mesh(spec)
-    plan = parallel.plan(model, mesh, mode=mode, zero_stage=zero, sequence_parallel=sp)
-    first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
-    report = parallel.step_report(compiled, state)
+    first, state, plan, compiled, report = train_layout(_setup(model_name), cfg, spec, report=True, mode=mode,
+                                                        zero_stage=zero, sequence_parallel=sp)
     report["neuron_kernels"] = neuron_kernels(compiled.as_text())
-    return jax.device_get(first), jax.device_get(state), plan, report
-
-
-def neuron_kernels(hlo: str) -> dict[str, list[int]]:
-    """The native neuron kernel calls of a compiled step: target -> sorted neurons per call (``m`` of ``[T, m]``)."""
-    calls = collections.defaultdict(list)
-    for line in hlo.splitlines():
-        match = re.search(r'custom_call_target="(SnnNeuron\w+)", operand_layout_constraints=\{f64\[\d+,(\d+)\]', line)
-        if match and " custom-call(" in line:
-            calls[match.group(1)].append(int(match.group(2)))
-    return {target: sorted(ms) for target, ms in calls.items()}
-
-
-def gathered_dims(hlo: str) -> list[tuple[int, int]]:
-    """``(dimension, its gathered size)`` of every all-gather in a compiled module's text."""
-    out = []
-    for line in hlo.splitlines():
-        match = re.search(r"= \w+\[([\d,]*)\][^=]* all-gather\(.*dimensions=\{(\d+)\}", line)
-        if match:
-            dim = int(match.group(2))
-            out.append((dim, int(match.group(1).split(",")[dim])))
-    return out
-
-
-def _rel(a, b) -> float:
-    a, b = np.ravel(np.asarray(a, np.float64)), np.ravel(np.asarray(b, np.float64))
-    denom = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / denom) if denom else float(np.linalg.norm(a - b))
-
-
-def _flat(tree) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+    return first, state, plan, report
 
 
 # ZeRO and fsdp shard parameters and optimizer rows whatever the model: Spikformer (the slowest to compile)
@@ -163,19 +77,7 @@ SPIKFORMER_MODES = ("dp", "tp", "dp_tp", "2x2x2")
 def test_layout_matches_single_device(model_name, case):
     ref_first, ref_state, _, _ = _run(model_name, "none")
     first, state, plan, report = _run(model_name, case)
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-
-    ref_grads, grads = jax.tree.leaves(ref_first["grads"]), jax.tree.leaves(first["grads"])
-    assert len(ref_grads) == len(grads)
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))
-    for g, r in zip(grads, ref_grads, strict=True):
-        err = np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale)
-        assert err <= TOL, (model_name, case, err)
-
-    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
-    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL  # BatchNorm running statistics
-    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
-    assert int(state.step) == 3
+    assert_same_training(first, state, ref_first, ref_state)
 
     _check_collectives(model_name, case, plan, report)
     _check_neuron_kernels(model_name, plan, report)

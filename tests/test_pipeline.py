@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import BATCH, COMPILER_OPTIONS, TOL, _flat, _rel, initial_state, three_steps
+from helpers import BATCH, COMPILER_OPTIONS, TOL, assert_same_training, initial_state, rel, train_layout
 
 from snnjax import parallel
 from snnjax.bench.pipeline import w_contractions
@@ -68,23 +68,10 @@ def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: in
          policy: str = "none"):
     """``(first-step metrics with grads, state after 3 steps, plan, compiled step)``; mesh None: one device;
     ``policy``: a key of ``REMAT`` (the model's checkpointing; ``mix``: per unit, spikes stored as bits)."""
-    model, graphdef, tx, host_state, x, y = _setup(model_name, policy)
-    host_state = jax.tree.map(lambda a: a.copy(), host_state)
-    if mesh_spec is None:
-        cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
-                         grad_accum_steps=microbatches)
-        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
-    else:
-        cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True)
-        size = int(np.prod(list(mesh_lib.parse_mesh_spec(mesh_spec).values())))
-        mesh = mesh_lib.make_mesh(mesh_spec, jax.devices()[:size])
-        plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
-                             pipeline=PipelineOptions(schedule, virtual, microbatches))
-    first, state, compiled = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
-    if plan.packing is not None:  # each device held its stages' parameters: compare the trees
-        state = plan.packing.unpack_state(state)
-        first = dict(first, grads=plan.packing.unpack(first["grads"]))
-    return jax.device_get(first), jax.device_get(state), plan, compiled
+    cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
+                     grad_accum_steps=microbatches if mesh_spec is None else 1)
+    return train_layout(_setup(model_name, policy), cfg, mesh_spec, mode="pp", global_batch_size=BATCH,
+                        pipeline=PipelineOptions(schedule, virtual, microbatches))[:4]
 
 
 # VGG: every schedule on stage=4 and on stage=2 x data=2 x tensor=2; on stage=2 with 4 microbatches, more than
@@ -102,7 +89,7 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
     ref_first, ref_state, _, _ = _run(model_name, None, "", microbatches)
     first, state, plan, _ = _run(model_name, mesh_spec, schedule, microbatches, virtual)
     assert plan.pipeline.microbatches == microbatches and plan.pipeline.virtual == virtual
-    _assert_same_training(first, state, ref_first, ref_state)
+    assert_same_training(first, state, ref_first, ref_state, metrics=("loss", "accuracy"))
 
 
 @pytest.mark.parametrize("policy", list(REMAT))
@@ -115,7 +102,7 @@ def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
         return
     ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
     first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)
-    _assert_same_training(first, state, ref_first, ref_state)
+    assert_same_training(first, state, ref_first, ref_state, metrics=("loss", "accuracy"))
 
 
 @functools.cache
@@ -132,22 +119,11 @@ def _w_contractions(policy: str) -> list[int]:
     return w_contractions(step.trace(state, batch).jaxpr, len(plan.pipeline.layout))
 
 
-def _assert_same_training(first, state, ref_first, ref_state):
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    assert _rel(first["accuracy"], ref_first["accuracy"]) <= TOL
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise
-    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
-        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
-    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
-    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
-    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
-
-
 def test_one_f_one_b_with_checkpointed_units_matches_single_device():
     """1F1B on stage=2 x data=4 with every unit checkpointed trains as one device without checkpointing."""
     ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
     first, state, _, _ = _run("vgg", "stage=2,data=4", "1f1b", 2, 1, "units")
-    _assert_same_training(first, state, ref_first, ref_state)
+    assert_same_training(first, state, ref_first, ref_state, metrics=("loss", "accuracy"))
 
 
 def test_one_f_one_b_holds_stage_inputs_by_stages_not_microbatches():
@@ -266,5 +242,5 @@ def test_eval_under_a_pipeline_splits_the_batch_over_stage_too():
     _, dp_flops = evaluate(parallel.plan(model, mesh_lib.make_mesh("data=8"), mode="dp"))
     assert one["count"] == BATCH - 1
     for k in one:
-        assert _rel(pp[k], one[k]) <= TOL, k
+        assert rel(pp[k], one[k]) <= TOL, k
     assert pp_flops <= 1.1 * dp_flops, (pp_flops, dp_flops)

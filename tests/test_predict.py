@@ -1,35 +1,22 @@
 """Prediction from a trained run: the training's eval accuracy reproduced on 1 and 8 devices, and the CLI."""
-import importlib.util
 import json
-import pathlib
 
 import jax
 import numpy as np
 import pytest
+from helpers import load_config
 
 from snnjax.deploy.prediction import main, predict
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import CheckpointError
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def digits_config(**overrides):
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.num_steps, c.log_every_steps, c.checkpoint_every_steps = 12, 6, 6
-    for k, v in overrides.items():
-        c[k] = v
-    return c
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A short digits run on data=8 (the default mesh): its workdir and summary."""
     workdir = tmp_path_factory.mktemp("digits")
-    return workdir, train_and_evaluate(digits_config(), workdir)
+    config = load_config("digits", num_steps=12, log_every_steps=6, checkpoint_every_steps=6)
+    return workdir, train_and_evaluate(config, workdir)
 
 
 @pytest.mark.parametrize("num_devices", [1, 8])

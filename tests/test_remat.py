@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import COMPILER_OPTIONS  # LLVM's optimisation level: compile time, not results
+from helpers import COMPILER_OPTIONS  # LLVM's optimisation level: compile time, not results
 
 from snnjax.models import create_model, remat
 from snnjax.train import memory_search

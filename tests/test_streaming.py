@@ -5,60 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import gesture_sequential
+from helpers import deploy_model
 
 from snnjax import Sequential, layers
 from snnjax.deploy import streaming
 from snnjax.deploy.calls import UnsupportedModelError, neurons
 from snnjax.deploy.streaming import Streamer, initial_states, step
-from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
 from snnjax.neurons import LIFNode
 from snnjax.neurons.modules import observe
-
-F64 = {"dtype": jnp.float64, "param_dtype": jnp.float64}
-
-
-def randomize_batch_norm(model, seed=0):
-    """Running statistics and affine parameters away from (0, 1), so eval-mode BatchNorm is not the identity,
-    with a positive shift that keeps every layer firing."""
-    for i, (_, m) in enumerate(nnx.iter_modules(model)):
-        if hasattr(m, "mean") and isinstance(m.mean, nnx.BatchStat):
-            rng = np.random.default_rng(seed + i)
-            m.mean[...] = jnp.asarray(0.2 * rng.normal(size=m.mean.shape))
-            m.var[...] = jnp.asarray(rng.uniform(0.5, 1.5, m.var.shape))
-            m.scale[...] = jnp.asarray(rng.uniform(1.0, 2.0, m.scale.shape))
-            m.bias[...] = jnp.asarray(rng.uniform(0.3, 0.9, m.bias.shape))
-
-
-def build(name):
-    """``(model, input shape [T, N, ...], input scale)`` of a small float64 model whose every layer fires."""
-    if name == "mlp":
-        return SpikingMLP(16, (48, 32), 5, tau=1.5, rngs=nnx.Rngs(0), **F64), (6, 3, 4, 4, 1), 4.0
-    if name == "vgg":
-        vgg = CIFAR10DVSVGG(widths=(8, 16, 16, 16), pools=(False, True, False, True), image_size=16, num_classes=4,
-                            rngs=nnx.Rngs(1), **F64)
-        randomize_batch_norm(vgg)
-        return vgg, (5, 2, 16, 16, 2), 2.0
-    if name == "user":  # built by hand, not from specs; flattens in torch's order (layers.Flatten's default)
-        rngs = nnx.Rngs(3)
-        net = Sequential(layers.conv2d(2, 6, 3, padding=1, rngs=rngs, **F64), layers.BatchNorm(6, **F64),
-                         LIFNode(tau=2.0, step_mode="m"), layers.AvgPool2d(2), layers.Flatten(),
-                         layers.dropout(0.5), layers.linear(6 * 4 * 4, 3, rngs=rngs, **F64))
-        randomize_batch_norm(net)
-        return net, (4, 2, 8, 8, 2), 3.0
-    if name == "spikformer":  # attention and residuals: not a chain, but every layer acts on each step on its own
-        net = Spikformer(img_size_h=32, img_size_w=32, in_channels=2, embed_dims=16, num_heads=2, depths=1,
-                         num_classes=3, rngs=nnx.Rngs(4), **F64)
-        randomize_batch_norm(net)
-        for _, m in nnx.iter_modules(net):  # a larger shift: every LIF (tau 2) of the small net fires
-            if isinstance(m, layers.BatchNorm):
-                m.bias[...] = m.bias[...] + 0.6
-        return net, (3, 2, 32, 32, 2), 1.0
-    net = gesture_sequential((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max",
-                             rngs=nnx.Rngs(2), **F64)
-    randomize_batch_norm(net)
-    net.layers[10].kernel[...] = 4.0 * np.asarray(net.layers[10].kernel[...])  # the hidden layer: drive to fire
-    return net, (4, 2, 16, 16, 2), 3.0
 
 
 def _observed(model, run):
@@ -83,7 +37,7 @@ def _spikes(model, x):
 
 @pytest.mark.parametrize("name", ["mlp", "vgg", "dvs_gesture", "user", "spikformer"])
 def test_streaming_equals_the_multi_step_forward(x64, name):
-    model, shape, scale = build(name)
+    model, shape, scale = deploy_model(name)
     model.eval()
     x = scale * jax.random.uniform(jax.random.key(3), shape, jnp.float64)
     multi_spikes, step_spikes, logits = _spikes(model, x)
@@ -101,7 +55,7 @@ def test_streaming_equals_the_multi_step_forward(x64, name):
 
 
 def test_streaming_compiles_once_per_input_shape(x64):
-    model, shape, _ = build("mlp")
+    model, shape, _ = deploy_model("mlp")
     stream = Streamer(model)
     x = jnp.ones((shape[0], 7, *shape[2:]), jnp.float64)  # a batch size no other test compiles
     before = streaming._jitted_step._cache_size()

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import native_kernel
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -76,13 +77,6 @@ def _sharded(mesh, cfg, x, v0, w, weights, blocks, kernel=None, **kw):
     return jax.jit(run)(xs, v0, w, weights)
 
 
-def _native_kernel():
-    impl = dispatch.IMPLEMENTATIONS["native"]
-    if not impl.available():
-        pytest.skip("the native CPU kernels cannot be built here")
-    return impl.kernel
-
-
 def _assert_equal_to_unsharded(cfg, mesh, blocks, v_init, seq, kernel=None, shape=(16, 4, 6, 8)):
     x, v0, w, weights = _inputs(shape, cfg)
     ref = jax.jit(lambda *a: _grads(xla.multistep, cfg, *a, v_init=v_init, seq=seq))(x, v0, w, weights)
@@ -116,7 +110,7 @@ def test_time_sharded_neuron_equals_unsharded(name, mesh_spec, blocks, v_init, s
 ])
 def test_native_kernel_per_block_equals_unsharded(name, shards, t, blocks, v_init, seq):
     mesh = mesh_lib.make_mesh(f"time={shards}", jax.devices()[:shards])
-    _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, v_init, seq, _native_kernel(), (t, 4, 6, 8))
+    _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, v_init, seq, native_kernel(), (t, 4, 6, 8))
 
 
 @pytest.mark.parametrize("spec,devices,native", [("time=4", False, True), ("time=4,data=2", True, True),
@@ -126,7 +120,7 @@ def test_the_kernel_runs_per_block_and_device(spec, devices, native):
     runs per device on its share of each block (``custom_partitioning``, which needs the mesh's devices: given by
     ``temporal.devices`` as a plan's layout does); with only an abstract mesh the blocks run the xla path, and the
     schedule says so. No activation is gathered either way."""
-    kernel = _native_kernel()
+    kernel = native_kernel()
     cfg = B.NeuronConfig(kind="LIF")
     mesh = mesh_lib.make_mesh(spec, jax.devices()[:8 if "data" in spec else 4])
     x = jax.random.normal(jax.random.key(0), (8, 4, 1024), jnp.float64) + 0.5
@@ -152,7 +146,7 @@ def test_the_kernel_runs_per_block_and_device(spec, devices, native):
 @pytest.mark.parametrize("native", [False, True])
 def test_dims_of_size_one(shape, blocks, native):
     mesh = mesh_lib.make_mesh("time=4", jax.devices()[:4])
-    kernel = _native_kernel() if native else None
+    kernel = native_kernel() if native else None
     for name in ("LIF-soft-nodecay", "PLIF-hard"):
         _assert_equal_to_unsharded(VARIANTS[name], mesh, blocks, True, True, kernel, shape)
 
@@ -176,7 +170,7 @@ def test_dispatch_runs_the_pipeline_when_the_mesh_splits_time():
 
 @pytest.mark.parametrize("impl,block_impl", [("auto", "xla"), ("xla", "xla"), ("native", "native")])
 def test_dispatch_runs_the_kernel_an_explicit_impl_names_per_block(impl, block_impl):
-    _native_kernel()
+    native_kernel()
     cfg = B.NeuronConfig(kind="LIF")
     mesh = mesh_lib.make_mesh("time=4", jax.devices()[:4])
     x = jax.random.normal(jax.random.key(0), (8, 4, 1024), jnp.float64) + 0.5

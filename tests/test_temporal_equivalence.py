@@ -1,10 +1,10 @@
 """Temporal parallelism trains exactly like one device (float64, 8 host devices).
 
 A small CIFAR10DVSVGG with T split over ``time=2``, ``time=4`` and ``time=2 x data=2 x tensor=2``,
-and a tiny Spikformer (``test_parallel_equivalence.build``; the slowest to compile) over
+and a tiny Spikformer (``helpers.layout_model``; the slowest to compile) over
 ``time=2 x data=2 x tensor=2``, trained 3 Adam steps, must give the single-device loss and gradients
 of the first step and the parameters, optimizer state and BatchNorm statistics after three
-(relative error <= 1e-9, compared as in ``test_parallel_equivalence``). The spiking MLP also runs
+(relative error <= 1e-9, compared by ``helpers.assert_same_training``). The spiking MLP also runs
 with the TET loss (which mixes the per-step logits). Shared-over-time dropout masks must be those of
 one device, and the compiled step must pass potentials between time shards (collective-permute)
 without gathering T for the neurons.
@@ -16,18 +16,16 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
+from helpers import assert_same_training, gathered_dims, initial_state, layout_model, train_layout
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_parallel_equivalence import BATCH, COMPILER_OPTIONS, TOL, _flat, _rel, build, gathered_dims
 
 from snnjax import layers, parallel
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.logical import activation_rules, constrain
-from snnjax.train import apply_plan
-from snnjax.train.step import StepConfig, TrainState, split_model
+from snnjax.train.step import StepConfig
 
 LAYOUTS = ("time=2", "time=4", "time=2,data=2,tensor=2")
 
@@ -38,50 +36,22 @@ def _float64(x64_module):
     _run.cache_clear()
 
 
-def _mesh(spec: str):
-    """A mesh of exactly the devices ``spec`` names (``time=2``: two devices)."""
-    n = int(np.prod(list(mesh_lib.parse_mesh_spec(spec).values())))
-    return mesh_lib.make_mesh(spec, jax.devices()[:n])
-
-
 @functools.cache
 def _run(model_name: str, time_steps: int, spec: str | None, loss: str = "ce"):
-    """``(first-step metrics with grads, state after 3 steps, step report)`` of one layout."""
-    model, shape = build(model_name)
-    graphdef, params, rngs, rest = split_model(model)
-    tx = optax.adam(1e-2)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                       opt_state=tx.init(params))
-    x = (jax.random.uniform(jax.random.key(1), (time_steps, *shape[1:])) < 0.4).astype(jnp.float64) * 1.5
-    y = jnp.arange(BATCH) % 10
+    """``(first-step metrics with grads, state after 3 steps, step report)`` of one layout (None: ``data=1``, the
+    mode the mesh implies)."""
+    model, shape = layout_model(model_name)
     cfg = StepConfig(seed=0, time_steps=time_steps, encoder=None, compute_dtype=jnp.float64, return_grads=True,
                      loss=loss, tet_lambda=0.2 if loss == "tet" else 0.0)
-    mesh = _mesh(spec or "data=1")
-    plan = parallel.plan(model, mesh)
-    state, step = apply_plan(plan, state, cfg, graphdef, tx, batch_axes={"inputs": 1, "labels": 0},
-                             batch_ndims={"inputs": len(shape), "labels": 1})
-    batch = {"inputs": jax.device_put(x, plan.batch_sharding(len(shape), 1)),
-             "labels": jax.device_put(y, plan.batch_sharding(1, 0))}
-    compiled = step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
-    state, first = compiled(state, batch)
-    for _ in range(2):
-        state, _ = compiled(state, batch)
-    report = parallel.step_report(compiled, state)
+    first, state, _, compiled, report = train_layout(initial_state(model, (time_steps, *shape[1:])), cfg,
+                                                     spec or "data=1", report=True)
     report["gathered"] = gathered_dims(compiled.as_text())
-    return jax.device_get(first), jax.device_get(state), report
+    return first, state, report
 
 
 def _assert_same_training(got, ref):
     (first, state, _), (ref_first, ref_state, _) = got, ref
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))
-    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
-        err = np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale)
-        assert err <= TOL, err
-    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
-    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL  # BatchNorm running statistics
-    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
-    assert int(state.step) == 3
+    assert_same_training(first, state, ref_first, ref_state)
 
 
 # Spikformer's attention and token layers under the time split with data x tensor; the time splits alone are VGG's.

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from helpers import native_kernel
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_temporal import _native_kernel
 
 from snnjax import parallel
 from snnjax.bench import temporal as temporal_bench
@@ -103,7 +103,7 @@ def test_per_device_memory_of_a_neuron_layer_falls_as_one_over_p():
 
 
 def test_temporal_bench_records_each_impl_per_block():
-    _native_kernel()  # skips where the native kernels cannot be built
+    native_kernel()  # skips where the native kernels cannot be built
     records = temporal_bench.layer_records(8, "time=2", 1, 4, ["xla", "native"], repeats=0)
     assert [(r["neuron_impl"], r["block_impl"]) for r in records] == [("xla", "xla"), ("native", "native")]
     for r in records:

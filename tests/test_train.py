@@ -11,7 +11,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 from unittest import mock
 
 import jax
@@ -21,6 +20,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
+from helpers import ROOT, load_config, start_until_checkpoint
 
 from snnjax.models import create_model
 from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from_data
@@ -31,15 +31,6 @@ from snnjax.train.checkpoint import CheckpointError
 from snnjax.train.config import source_kwargs
 from snnjax.train.step import StepConfig, TrainState, classification_loss, eval_step, split_model, train_step
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
 
 def train_cmd(workdir, *overrides, config="digits"):
     return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / f"{config}.py"),
@@ -49,18 +40,6 @@ def train_cmd(workdir, *overrides, config="digits"):
 def run_train(workdir, *overrides, timeout=300, config="digits"):
     return subprocess.run(train_cmd(workdir, *overrides, config=config), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
-
-
-def start_until_checkpoint(cmd: list[str], workdir, **popen_kwargs) -> subprocess.Popen:
-    """Start ``cmd`` (a train.py run in ``workdir``) and return once its first checkpoint exists, still running."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, **popen_kwargs)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if (workdir / "checkpoints").exists() and any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir()):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be interrupted"
-    return proc
 
 
 def final_state(workdir) -> dict:

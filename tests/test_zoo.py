@@ -3,8 +3,7 @@ losses, weight import, and SpikingJelly's golden data (``tests/fixtures/spikingj
 every case with the xla neuron implementation, and with native one case per family and per neuron kind (IF, PLIF,
 LIF). ``tests/test_neuron_impls.py`` compares xla, native and pallas on every neuron case.
 
-``quick_compiles`` (used by the zoo's test modules): XLA:CPU without its expensive optimisations, so the models'
-programs compile about twice as fast; they compute the same values to rounding, far below every tolerance here.
+Programs compile with ``conftest.quick_compiles`` (XLA:CPU without its expensive optimisations).
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import jax_setting
 from flax import nnx
 
 from snnjax import layers
@@ -36,15 +34,7 @@ GOLDEN = [(name, "xla") for name in ZOO_CASES + MS_CASES] + [
     (name, "native") for name in ("spiking_resnet18", "dvsgesture_net", "ms_resnet")]
 
 
-def quick_compiles():
-    """``jax_disable_most_optimizations`` for a block, the previous setting restored after."""
-    return jax_setting("jax_disable_most_optimizations", True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _quick_compiles():
-    with quick_compiles():
-        yield
+pytestmark = pytest.mark.usefixtures("quick_compiles_module")
 
 
 def n_params(model):

@@ -5,8 +5,8 @@ shared-over-time dropout and the MSE rate loss, MS-ResNet with its LIF and Rect 
 three Adam steps under dp, fsdp_tp, a 1F1B pipeline over stage=2 with data x tensor inside (against one
 device with the same microbatching), and time x data x tensor: the first step's loss and gradients and
 the parameters, optimizer state and BatchNorm statistics after three steps equal one device's
-(relative error <= 1e-9, compared as in ``test_parallel_equivalence``). Per-unit activation
-checkpointing keeps each family's loss and gradients. Programs compile with ``test_zoo.quick_compiles``.
+(relative error <= 1e-9, compared by ``helpers.assert_same_training``). Per-unit activation
+checkpointing keeps each family's loss and gradients. Programs compile with ``conftest.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -17,13 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
-from test_zoo import quick_compiles
+from helpers import BATCH, assert_same_training, initial_state, train_layout
 
-from snnjax import parallel
 from snnjax.models import MSResNet, ParametricLIFNet, ResNet, remat
 from snnjax.neurons import ATan, ParametricLIFNode
-from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
 
@@ -34,9 +31,8 @@ CHECKPOINTING = {"sew_resnet": ("units", "int8"), "plif_net": ("units", "int8"),
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _float64(x64_module):
-    with quick_compiles():
-        yield
+def _float64(x64_module, quick_compiles_module):
+    yield
     _run.cache_clear()
     _setup.cache_clear()
 
@@ -73,27 +69,13 @@ def _setup(family: str, checkpointed: bool = False):
 @functools.cache
 def _run(family: str, layout: str | None, accum: int = 1, checkpointed: bool = False):
     """``(first-step metrics with grads, state after 3 steps)`` under ``layout`` (None: one device)."""
-    model, graphdef, tx, host_state, x, y = _setup(family, checkpointed)
-    host_state = jax.tree.map(lambda a: a.copy(), host_state)
     loss = "mse" if family == "plif_net" else "ce"
     cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True, loss=loss,
                      grad_accum_steps=accum)
-    if layout is None:
-        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
-    else:
-        spec, mode = layout.split(":") if ":" in layout else (layout, None)
-        size = int(np.prod(list(mesh_lib.parse_mesh_spec(spec).values())))
-        mesh = mesh_lib.make_mesh(spec, jax.devices()[:size])
-        if mode == "pp":
-            plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
-                                 pipeline=PipelineOptions("1f1b", 1, MICROBATCHES))
-        else:
-            plan = parallel.plan(model, mesh, mode=mode) if mode else parallel.plan(model, mesh)
-    first, state, _ = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
-    if plan.packing is not None:
-        state = plan.packing.unpack_state(state)
-        first = dict(first, grads=plan.packing.unpack(first["grads"]))
-    return jax.device_get(first), jax.device_get(state)
+    spec, _, mode = (layout or "").partition(":")
+    pp = dict(global_batch_size=BATCH, pipeline=PipelineOptions("1f1b", 1, MICROBATCHES)) if mode == "pp" else {}
+    first, state, *_ = train_layout(_setup(family, checkpointed), cfg, spec or None, mode=mode or None, **pp)
+    return first, state
 
 
 # pp and the time split each with data x tensor inside (the combination), besides dp and fsdp_tp.
@@ -106,13 +88,7 @@ def test_layout_matches_single_device(family, layout):
     pp = layout.endswith(":pp")
     (ref_first, ref_state), (first, state) = _run(family, None, MICROBATCHES if pp else 1), _run(family, layout)
     assert float(jnp.abs(ref_first["loss"])) > 0
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # conv biases before BatchNorm: zero, rounding noise
-    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
-        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
-    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
-    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
-    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
+    assert_same_training(first, state, ref_first, ref_state)
 
 
 @pytest.mark.parametrize("family", list(CHECKPOINTING))

@@ -10,7 +10,7 @@
   neurons on ``xla``, and on ``native`` one case per architecture and neuron kind (SDT with LIF,
   QKFormer with PLIF; ``tests/test_neuron_impls.py`` compares the implementations on every neuron case).
 
-Programs compile with ``test_zoo.quick_compiles``.
+Programs compile with ``conftest.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_zoo import quick_compiles
 
 from snnjax.interop import check
 from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
@@ -33,10 +32,7 @@ CASES = ("sdt", "sdt_events", "qkformer", "qkformer_plif")
 GOLDEN = [(name, "xla") for name in CASES] + [("sdt_events", "native"), ("qkformer_plif", "native")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quick_compiles():
-    with quick_compiles():
-        yield
+pytestmark = pytest.mark.usefixtures("quick_compiles_module")
 
 
 @functools.cache

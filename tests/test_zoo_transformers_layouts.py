@@ -8,9 +8,9 @@ over ``stage=2`` with data and tensor inside each stage (2 microbatches; its ref
 same 2 microbatches on one device), and temporal parallelism with data and tensor
 (``time=2,data=2,tensor=2``). The first step's loss and gradients, and the parameters, optimizer state
 and BatchNorm statistics after three Adam steps, must equal one device's (relative error <= 1e-9,
-compared as in ``test_parallel_equivalence``). The same one-device reference checks activation
+compared by ``helpers.assert_same_training``). The same one-device reference checks activation
 checkpointing: every unit under ``remat=spikes`` with spikes kept as bits gives its first step's loss
-and gradients. Programs compile with ``test_zoo.quick_compiles``.
+and gradients. Programs compile with ``conftest.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_parallel_equivalence import BATCH, TOL, _flat, _rel, initial_state, three_steps
-from test_zoo import quick_compiles
+from helpers import BATCH, assert_same_training, initial_state, train_layout
 
-from snnjax import layers, parallel
+from snnjax import layers
 from snnjax.models import QKFormer, SpikeDrivenTransformer, remat
-from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
 
@@ -39,9 +37,8 @@ LAYOUTS = {  # name: (mode (None: the one the mesh implies), mesh, microbatches)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _float64(x64_module):
-    with quick_compiles():
-        yield
+def _float64(x64_module, quick_compiles_module):
+    yield
     _run.cache_clear()
     _setup.cache_clear()
 
@@ -70,41 +67,20 @@ def _setup(name: str, checkpointed: bool = False):
 @functools.cache
 def _run(name: str, layout: str | None, microbatches: int = 1, checkpointed: bool = False):
     """``(first-step metrics with grads, state after 3 steps)``; layout None: one device."""
-    model, graphdef, tx, host_state, x, y = _setup(name, checkpointed)
-    host_state = jax.tree.map(lambda a: a.copy(), host_state)
     accum = microbatches if layout is None else 1
     cfg = StepConfig(seed=0, time_steps=2, encoder=None, compute_dtype=jnp.float64, return_grads=True,
                      grad_accum_steps=accum)
-    if layout is None:
-        plan = parallel.plan(model, mesh_lib.make_mesh("data=1", jax.devices()[:1]), mode="none")
-    else:
-        mode, spec, m = LAYOUTS[layout]
-        size = int(np.prod(list(mesh_lib.parse_mesh_spec(spec).values())))
-        mesh = mesh_lib.make_mesh(spec, jax.devices()[:size])
-        if mode == "pp":
-            plan = parallel.plan(model, mesh, mode="pp", global_batch_size=BATCH,
-                                 pipeline=PipelineOptions("1f1b", 1, m))
-        else:
-            plan = parallel.plan(model, mesh, mode=mode)
-    first, state, _ = three_steps(plan, host_state, cfg, graphdef, tx, x, y)
-    if plan.packing is not None:  # each device held its stages' parameters: compare the trees
-        state = plan.packing.unpack_state(state)
-        first = dict(first, grads=plan.packing.unpack(first["grads"]))
-    return jax.device_get(first), jax.device_get(state)
+    mode, spec, m = LAYOUTS.get(layout, (None, None, 1))
+    pp = dict(global_batch_size=BATCH, pipeline=PipelineOptions("1f1b", 1, m)) if mode == "pp" else {}
+    first, state, *_ = train_layout(_setup(name, checkpointed), cfg, spec, mode=mode, **pp)
+    return first, state
 
 
 @pytest.mark.parametrize("name", ["sdt", "qkformer"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_device(name, layout):
     (first, state), (ref_first, ref_state) = _run(name, layout), _run(name, None, LAYOUTS[layout][2])
-    assert _rel(first["loss"], ref_first["loss"]) <= TOL
-    scale = 1e-3 * np.linalg.norm(_flat(ref_first["grads"]))  # zero-gradient biases before BatchNorm: noise
-    for g, r in zip(jax.tree.leaves(first["grads"]), jax.tree.leaves(ref_first["grads"]), strict=True):
-        assert np.linalg.norm(np.asarray(g) - np.asarray(r)) / max(np.linalg.norm(np.asarray(r)), scale) <= TOL
-    assert _rel(_flat(state.params), _flat(ref_state.params)) <= TOL
-    assert _rel(_flat(state.model_state), _flat(ref_state.model_state)) <= TOL
-    assert _rel(_flat(state.opt_state), _flat(ref_state.opt_state)) <= TOL
-    assert int(state.step) == 3
+    assert_same_training(first, state, ref_first, ref_state)
 
 
 @pytest.mark.parametrize("name", ["sdt", "qkformer"])
