@@ -25,8 +25,9 @@ from flax import nnx
 from snnjax.deploy.exported import FORMAT
 from snnjax.deploy.graph import UnsupportedModelError, layer_ops
 from snnjax.deploy.ops import initial_states, step_ops
-from snnjax.deploy.run import load_run, read_config
+from snnjax.deploy.run import load_run
 from snnjax.neurons.modules import BaseNode
+from snnjax.train import config as config_lib
 
 PLATFORMS = ("cpu", "cuda")
 
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--platforms", default=",".join(PLATFORMS), help="lower for these jax platforms (comma-separated)")
     args = p.parse_args(argv)
     try:
-        if read_config(args.workdir).dtype == "float64":
+        if config_lib.load(args.workdir).dtype == "float64":
             jax.config.update("jax_enable_x64", True)
         meta = export_run(args.workdir, args.out, checkpoint=args.checkpoint,
                           platforms=[s.strip() for s in args.platforms.split(",") if s.strip()])

@@ -5,7 +5,6 @@ is the uninterrupted run the interrupted ones must reproduce bitwise. SIGTERM st
 workdir resumes in-process to equal an uninterrupted run of its own.
 """
 import errno
-import importlib.util
 import json
 import os
 import pathlib
@@ -22,6 +21,7 @@ from test_train import start_until_checkpoint
 
 from snnjax.data import Loader
 from snnjax.train import base_config, loop, train_and_evaluate, validate
+from snnjax.train import config as config_lib
 from snnjax.train.checkpoint import CheckpointError, complete_steps
 from snnjax.train.loop import NonFiniteError, Preempted
 
@@ -32,11 +32,7 @@ NAN_STEP = 3  # 1-based, as the logs count
 
 def digits_config(**overrides):
     """``configs/digits.py`` on one device (``parallel.mode=none``), with ``overrides``."""
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.parallel.mode = "none"
+    c = config_lib.load(ROOT / "configs" / "digits.py", ["--config.parallel.mode=none"])
     for key, value in overrides.items():
         setattr(c, key, value)
     return c

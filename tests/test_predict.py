@@ -1,5 +1,4 @@
 """Prediction from a trained run: the training's eval accuracy reproduced on 1 and 8 devices, and the CLI."""
-import importlib.util
 import json
 import pathlib
 
@@ -8,6 +7,7 @@ import numpy as np
 import pytest
 
 from snnjax import predict as predict_lib
+from snnjax.train import config as config_lib
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import CheckpointError
 
@@ -15,10 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def digits_config(**overrides):
-    spec = importlib.util.spec_from_file_location("digits", ROOT / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = config_lib.load(ROOT / "configs" / "digits.py")
     c.num_steps, c.log_every_steps, c.checkpoint_every_steps = 12, 6, 6
     for k, v in overrides.items():
         c[k] = v
