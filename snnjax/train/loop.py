@@ -186,10 +186,9 @@ class Trainer:
         zero_stage = None if p.zero_stage == -1 else p.zero_stage
         # the run's own settings (logging, evaluation, checkpoints, faults)
         self.global_batch_size, self.data_name, self.dtype = batch, c.data.name, c.dtype
-        self.log_every, self.checkpoint_every, self.keep_checkpoints = (c.log_every_steps, c.checkpoint_every_steps,
-                                                                        c.keep_checkpoints)
-        self.resume, self.skip_nonfinite, self.log_firing_rates = c.resume, c.nonfinite == "skip", \
-            c.monitor.firing_rates
+        self.log_every, self.checkpoint_every = c.log_every_steps, c.checkpoint_every_steps
+        self.keep_checkpoints, self.resume = c.keep_checkpoints, c.resume
+        self.skip_nonfinite, self.log_firing_rates = c.nonfinite == "skip", c.monitor.firing_rates
         self.print_summary, self.config_json = p.print_summary, c.to_json_best_effort(indent=2)
 
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
@@ -273,7 +272,8 @@ class Trainer:
         if self.resume or (existing and distributed.launch_info().restarted):
             if not existing:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
-                                      "--config.resume=True to start fresh, or pass the run's --workdir")
+                                      "--config.resume=True to start fresh, or pass the run's --workdir (from Python: "
+                                      "config.resume = False, or the run's directory as Trainer(config, workdir))")
             reader = Checkpointer(ckpt_dir, self.keep_checkpoints, read_only=True)
             tree_state, meta = reader.restore(self.trainer.tree_state())
             self.trainer.set_tree_state(tree_state)
@@ -314,7 +314,7 @@ class Trainer:
         self._signals.saved(done)
         message = (f"stopped by {signal.Signals(signum).name} after step {done} of {self.total_steps}: checkpoint "
                    f"{self.workdir / 'checkpoints' / str(done)} is on disk; to continue, rerun the same command "
-                   "with --config.resume=True")
+                   "with --config.resume=True (from Python: config.resume = True, the same workdir)")
         self._log(message)
         raise faults.Preempted(message, signum=signum, step=done)
 
@@ -339,7 +339,8 @@ class Trainer:
                 f"{what} Training stopped (config.nonfinite='stop'); nothing from step {done} on was saved, and "
                 f"{self._kept()}, all from before it. Fix the data (or lower config.learning_rate / set "
                 "config.grad_clip_norm) and rerun the same command with --config.resume=True, or add "
-                "--config.nonfinite=skip to skip such steps.")
+                "--config.nonfinite=skip to skip such steps (from Python: config.resume = True, config.nonfinite = "
+                "'skip').")
 
     # -- evaluation --------------------------------------------------------------------------
 
