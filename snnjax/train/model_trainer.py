@@ -163,7 +163,8 @@ class ModelTrainer:
         the examples a batch's own ``mask``, ``[N]``, marks False)."""
         totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
         state = self._eval_state()
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        # Of several processes, each passes its rows of a whole global batch (snnjax.data.Loader pads the last one).
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"] if jax.process_count() == 1 else 1
         for i, batch in enumerate(batches):
             padded = _pad_batch(batch, shards, 1 if self._time_major else 0)
             out = self._eval_step(state, self.put(padded), jnp.asarray(i))
