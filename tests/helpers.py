@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import pathlib
 import re
@@ -40,6 +39,7 @@ from snnjax.neurons.kernels import dispatch
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.runtime import distributed
 from snnjax.train import apply_plan
+from snnjax.train import config as config_lib
 from snnjax.train.step import TrainState, split_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -47,13 +47,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- paths and processes
 
 
-def load_config(name: str, **overrides):
-    """``configs/<name>.py``'s ``get_config()`` with top-level ``overrides`` (``num_steps=12``) set."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    for key, value in overrides.items():
+def load_config(name: str, *overrides: str, **values):
+    """``configs/<name>.py`` through the config loader (``snnjax.train.config.load``) with ``--config.KEY=VALUE``
+    ``overrides``, then the top-level ``values`` (``num_steps=12``) set."""
+    c = config_lib.load(ROOT / "configs" / f"{name}.py", overrides)
+    for key, value in values.items():
         c[key] = value
     return c
 

@@ -5,7 +5,6 @@ spiking MLP (quick to compile; every config's own model trains on synthetic fram
 DVS128 Gesture also drops frames at random (``data.options.temporal_delete``): training steps see 2 of
 the 3 frames built, evaluation all 3.
 """
-import importlib.util
 import json
 import pathlib
 
@@ -13,6 +12,7 @@ import pytest
 
 from snnjax.bench import data as bench
 from snnjax.models.registry import model_config
+from snnjax.train import config as config_lib
 from snnjax.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,10 +29,7 @@ RECIPES = {  # dataset -> (config, overrides)
 
 
 def recipe(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_lib.load(ROOT / "configs" / f"{name}.py")
 
 
 @pytest.mark.parametrize("dataset", sorted(RECIPES))

@@ -6,7 +6,6 @@ Every job is the digits MLP in float64 on 2 processes x 4 CPU devices (FSDP acro
 parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted job: the interrupted ones must
 reproduce it bitwise, 1 process x 8 devices and the other layouts to rounding.
 """
-import ast
 import json
 import os
 import pathlib
@@ -23,9 +22,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import ROOT, child_env, launch_cmd, load_config
+from helpers import ROOT, child_env, launch_cmd
 
 from snnjax.runtime import launch
+from snnjax.train import config as config_lib
 from snnjax.train import train_and_evaluate
 from snnjax.train.checkpoint import complete_steps
 
@@ -73,16 +73,7 @@ def metrics(workdir: pathlib.Path) -> tuple[list[float], dict[str, float]]:
 
 def digits_config(flags: list[str]):
     """``configs/digits.py`` with ``--config.KEY=VALUE`` flags applied, as train.py applies them."""
-    c = load_config("digits")
-    c.lock()  # a misspelt key is an error, as in train.py
-    for flag in flags:
-        key, value = flag.removeprefix("--config.").split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):  # a word or a mesh spec: a string
-            pass
-        c.update_from_flattened_dict({key: value})
-    return c
+    return config_lib.load(ROOT / "configs" / "digits.py", flags)
 
 
 def train_one_process(workdir: pathlib.Path, flags: list[str]) -> None:

@@ -1,6 +1,5 @@
 """Offloaded optimizer state and parameters (pinned_host memory) give the same training trajectory."""
 import functools
-import importlib.util
 import json
 import pathlib
 
@@ -15,6 +14,7 @@ from snnjax import parallel
 from snnjax.models import create_model
 from snnjax.parallel import param_stream
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train import config as config_lib
 from snnjax.train import offload, train_and_evaluate, validate
 from snnjax.train.sharded import apply_plan
 from snnjax.train.step import StepConfig, TrainState, split_model, train_step
@@ -175,11 +175,7 @@ def test_the_pipeline_refuses_offloaded_params():
 
 
 def _digits_config():
-    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "digits.py"
-    spec = importlib.util.spec_from_file_location("digits", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = config_lib.load(pathlib.Path(__file__).resolve().parents[1] / "configs" / "digits.py")
     c.model.hidden, c.global_batch_size, c.data.time_steps, c.dtype = (32,), 16, 2, "float64"
     c.parallel.mode, c.parallel.mesh, c.log_every_steps, c.checkpoint_every_steps = "fsdp", "fsdp=8", 1, 2
     c.schedule = "constant"  # the same learning rates in a 2-step run and a 4-step one

@@ -1,7 +1,6 @@
 """Parallel plans: logical names, rule tables, the divisibility fallback, auto mode, reports, errors, training."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
@@ -21,6 +20,7 @@ from snnjax.models.units import Unit
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel import rules
 from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train import config as config_lib
 from snnjax.train import train_and_evaluate
 
 
@@ -253,11 +253,7 @@ def test_collective_stats_counts_loop_trips_and_sliced_all_reduces():
 def test_training_prints_and_records_the_step_cost(tmp_path, capsys):
 
 
-    spec = importlib.util.spec_from_file_location(
-        "digits_config", pathlib.Path(__file__).resolve().parents[1] / "configs" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = config_lib.load(pathlib.Path(__file__).resolve().parents[1] / "configs" / "digits.py")
     c.num_steps, c.log_every_steps, c.checkpoint_every_steps, c.global_batch_size = 2, 1, 2, 16
     c.grad_accum_steps = 2  # each microbatch of 8 is split over fsdp=4 as well
     c.parallel.mode, c.parallel.mesh, c.parallel.print_summary = "fsdp_tp", "fsdp=4,tensor=2", True

@@ -27,6 +27,7 @@ from snnjax.models.registry import REGISTRY, DataShape, model_config, sizes_from
 from snnjax.parallel.pipeline_plan import choose_microbatches
 from snnjax.runtime import hostmem
 from snnjax.train import base_config, train_and_evaluate, validate
+from snnjax.train import config as config_lib
 from snnjax.train.checkpoint import CheckpointError
 from snnjax.train.config import source_kwargs
 from snnjax.train.step import StepConfig, TrainState, classification_loss, eval_step, split_model, train_step
@@ -98,12 +99,9 @@ def test_pipeline_run_trains_and_checkpoints(tmp_path):
 
 
 def digits_run(**overrides):
-    """``configs/digits.py`` with ``overrides`` (dotted keys), and the same as ``--config.KEY=VALUE`` flags."""
-    c = load_config("digits")
-    c.lock()  # a misspelt key is an error, not a new key
-    c.update_from_flattened_dict(overrides)
-    c.unlock()
-    return c, [f"--config.{k}={v}" for k, v in overrides.items()]
+    """``configs/digits.py`` with ``overrides`` (dotted keys) as ``--config.KEY=VALUE`` flags: the config, the flags."""
+    flags = [f"--config.{k}={v}" for k, v in overrides.items()]
+    return load_config("digits", *flags), flags
 
 
 def test_killed_run_resumes_bitwise_equal(tmp_path):
@@ -159,7 +157,7 @@ def num_params(model_name: str, model_options: dict) -> int:
 
 @functools.cache
 def _train_py():
-    """train.py as a module, loaded once per process (its flags are absl's global ``FLAGS``)."""
+    """train.py as a module, loaded once per process."""
     spec = importlib.util.spec_from_file_location("train_py", ROOT / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -171,18 +169,13 @@ def train_in_process(workdir, *overrides, config="digits") -> subprocess.Complet
     process (no interpreter start, this process's compiled programs reused). Returns the exit status, stdout and
     stderr the command would have. train.py's tuning of glibc's allocator (``hostmem``), which would keep this
     process's freed memory for good, is left out."""
-    train = _train_py()
     argv = train_cmd(workdir, *overrides, config=config)[1:]  # [train.py, --config, ...]
-    for name in [n for n in train.FLAGS if n.startswith("config.")]:  # the previous call's --config.KEY flags
-        delattr(train.FLAGS, name)
-    train.FLAGS.unparse_flags()
     out, err = io.StringIO(), io.StringIO()
-    # config_flags reads the --config.KEY overrides from sys.argv
-    with mock.patch.object(sys, "argv", argv), mock.patch.object(hostmem, "keep_freed_memory", lambda: False), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with mock.patch.object(hostmem, "keep_freed_memory", lambda: False), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
         try:
-            status = train.main(train.parse_flags(argv))
-        except SystemExit as e:  # a bad --config.KEY: exit status 2
+            status = _train_py().main(argv[1:])
+        except SystemExit as e:  # a bad flag: exit status 2
             status = e.code
     return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
 
@@ -335,7 +328,7 @@ def test_float64_run_trains_float64_parameters(tmp_path, x64):
 
 BAD_CONFIGS = [
     ("--config.optimizer=adamx", "config.optimizer='adamx' is not allowed; choose one of"),
-    ("--config.model.width=3", 'names no key of the config ("width")'),
+    ("--config.model.width=3", "the config has no key model.width; model has ["),
     ("--config.parallel.mesh=data=3", "needs 3 devices but 8 are available"),
     ("--config.global_batch_size=12", "does not divide over data x fsdp = 8"),
     ("--config.data.name=imagenet", "config.data.name='imagenet' is not allowed"),
@@ -479,3 +472,27 @@ def test_validate_rejects_bad_values():
     c.learning_rate = -1.0
     with pytest.raises(ValueError, match="learning_rate must be > 0"):
         validate(c)
+
+
+def test_the_config_loader_applies_overrides_and_names_what_is_wrong(tmp_path):
+    """``config.load``: overrides read as each key's type (None included); a bad key, value or path is one line
+    naming it; a run's saved config.json reads back as the config that wrote it."""
+    c = load_config("digits", "--config.num_steps=3", "--config.model.v_reset=None", "--config.resume=true",
+                    "--config.parallel.mesh=stage=2,data=-1", "--config.model.hidden=(8,4)", "data.data_dir=None")
+    assert (c.num_steps, c.model.v_reset, c.resume, c.parallel.mesh, c.model.hidden, c.data.data_dir) == \
+        (3, None, True, "stage=2,data=-1", (8, 4), None)
+    for override, message in [("--config.learnng_rate=1", "--config.learnng_rate: the config has no key learnng_rate"),
+                              ("--config.data.nme=x", "the config has no key data.nme; data has ["),
+                              ("--config.num_steps=many", "--config.num_steps=many: num_steps is a number (int)"),
+                              ("--config.resume=maybe", "resume is True or False"),
+                              ("--config.parallel=none", "parallel is a group of keys"),
+                              ("--config.num_steps", "write --config.KEY=VALUE")]:
+        with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+                           .replace("[", r"\[")):
+            load_config("digits", override)
+    with pytest.raises(FileNotFoundError, match="config file nowhere.py does not exist"):
+        config_lib.load("nowhere.py")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} is not a training run's directory"):
+        config_lib.load(tmp_path)
+    (tmp_path / "config.json").write_text(c.to_json_best_effort())
+    assert config_lib.load(tmp_path).to_dict() == c.to_dict()

@@ -120,16 +120,15 @@ def config_step(path: str, batch: int, t: int | None, num_classes: int | None, d
 
     from snnjax.bench import data as bench_data
     from snnjax.data import Loader
-    from snnjax.deploy.energy import load_config
     from snnjax.deploy.run import make_source
     from snnjax.layers.conv_cpu import compiler_options
     from snnjax.models import create_model
     from snnjax.train import config as config_lib
     from snnjax.train import step as S
     from snnjax.train.loop import model_kwargs
-    from snnjax.train.optim import make_optimizer
+    from snnjax.train.optim import make_optimizer, make_schedule
 
-    c = load_config(path, [f"--config.data.time_steps={t}"] if t else [])
+    c = config_lib.load(path, [f"--config.data.time_steps={t}"] if t else [])
     config_lib.validate(c)
     if c.dtype != "float32":
         raise ValueError(f"{path}: dtype {c.dtype!r}; this benchmark times float32 steps")
@@ -145,7 +144,8 @@ def config_step(path: str, batch: int, t: int | None, num_classes: int | None, d
     cfg = S.StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
                        loss=c.loss, tet_lambda=c.tet_lambda)
     graphdef, params, rngs, rest = S.split_model(net)
-    tx, _ = make_optimizer(c, 1000)
+    tx = make_optimizer(c.optimizer, make_schedule(c.schedule, c.learning_rate, 1000, c.warmup_steps),
+                        weight_decay=c.weight_decay, momentum=c.momentum, grad_clip_norm=c.grad_clip_norm)
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                          opt_state=tx.init(params))
     step = jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
@@ -260,9 +260,9 @@ def main_config(args) -> dict:
     hostmem.keep_freed_memory()
     import jax
 
-    from snnjax.deploy.energy import load_config
+    from snnjax.train import config as config_lib
 
-    batch = args.batch_size or load_config(args.config, []).global_batch_size
+    batch = args.batch_size or config_lib.load(args.config).global_batch_size
     with tempfile.TemporaryDirectory(prefix="snnjax-train-step-") as data_dir:
         step, state, data, info = config_step(args.config, batch, args.T, args.num_classes, data_dir)
         load = os.getloadavg()

@@ -80,7 +80,8 @@ class Loader:
         if global_batch_size < 1 or global_batch_size % process_count:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of "
                              f"process_count={process_count}: each process reads an equal slice of every batch; "
-                             f"set the batch size (--config.global_batch_size) to a multiple of {process_count}")
+                             f"pass Loader(global_batch_size=...) a multiple of {process_count} "
+                             "(train.py: --config.global_batch_size)")
         n = len(source)
         steps = n // global_batch_size if drop_remainder else -(-n // global_batch_size)
         if steps == 0:

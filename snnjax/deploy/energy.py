@@ -11,11 +11,8 @@ the input firing rate, and the energy estimate ``AC * e_ac + MAC * e_mac`` (defa
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import importlib.util
 import json
-import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -24,7 +21,7 @@ import jax.numpy as jnp
 
 from snnjax.data import Loader
 from snnjax.deploy.opcount import E_AC_PJ, E_MAC_PJ, LayerOps, OpReport, count_ops
-from snnjax.deploy.run import build_model, load_run, make_source, read_config
+from snnjax.deploy.run import build_model, load_run, make_source
 from snnjax.train import config as config_lib
 from snnjax.train.step import model_inputs
 
@@ -58,30 +55,6 @@ def _mean(reports: Sequence[OpReport]) -> OpReport:
     return OpReport(layers, n)
 
 
-def load_config(path: str, overrides: Sequence[str]):
-    """``get_config()`` of the config file ``path`` with ``--config.KEY=VALUE`` overrides applied (values read as
-    Python literals, else as strings)."""
-    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
-    if spec is None or not pathlib.Path(path).is_file():
-        raise FileNotFoundError(f"--config {path}: no such config file")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    for item in overrides:
-        key, sep, text = item.removeprefix("--config.").partition("=")
-        if not sep:
-            raise ValueError(f"{item}: write --config.KEY=VALUE")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        try:
-            c.update_from_flattened_dict({key: value})
-        except (KeyError, AttributeError, TypeError) as e:
-            raise ValueError(f"{item}: {e}") from None
-    return c
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m snnjax.energy", description=__doc__.split("\n")[0])
     p.add_argument("--config", help="a config file (configs/*.py), its model freshly initialised; "
@@ -100,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               + (f"; unknown arguments {unknown}" if unknown else ""), file=sys.stderr)
         return 2
     try:
-        c = load_config(args.config, rest) if args.workdir is None else read_config(args.workdir)
+        c = config_lib.load(args.config if args.workdir is None else args.workdir, rest)
         config_lib.validate(c)
         if c.dtype == "float64":
             jax.config.update("jax_enable_x64", True)

@@ -26,9 +26,10 @@ from flax import nnx
 
 from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.exported import FORMAT
-from snnjax.deploy.run import load_run, read_config
+from snnjax.deploy.run import load_run
 from snnjax.deploy.streaming import initial_states, step
 from snnjax.neurons.modules import set_impl
+from snnjax.train import config as config_lib
 
 PLATFORMS = ("cpu", "cuda")
 
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--platforms", default=",".join(PLATFORMS), help="lower for these jax platforms (comma-separated)")
     args = p.parse_args(argv)
     try:
-        if read_config(args.workdir).dtype == "float64":
+        if config_lib.load(args.workdir).dtype == "float64":
             jax.config.update("jax_enable_x64", True)
         meta = export_run(args.workdir, args.out, checkpoint=args.checkpoint,
                           platforms=[s.strip() for s in args.platforms.split(",") if s.strip()])

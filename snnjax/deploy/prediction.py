@@ -31,10 +31,11 @@ from flax import nnx
 
 from snnjax.data import Loader
 from snnjax.deploy.calls import neurons
-from snnjax.deploy.run import RestoredRun, load_run, read_config
+from snnjax.deploy.run import RestoredRun, load_run
 from snnjax.layers.conv_cpu import compiler_options
 from snnjax.neurons.modules import observe
 from snnjax.parallel import mesh as mesh_lib
+from snnjax.train import config as config_lib
 from snnjax.train.step import model_inputs
 
 SPLITS = ("train", "test")
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=0, help="split batches over the first K devices (0: all)")
     args = p.parse_args(argv)
     try:
-        if read_config(args.workdir).dtype == "float64":
+        if config_lib.load(args.workdir).dtype == "float64":
             jax.config.update("jax_enable_x64", True)
         devices = jax.devices()[:args.devices] if args.devices > 0 else None
         preds = predict(args.workdir, args.data, checkpoint=args.checkpoint, devices=devices,

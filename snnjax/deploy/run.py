@@ -9,9 +9,7 @@ checkpoint's parameters (``snnjax.load_model``, as a notebook restores a model),
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
-from typing import Any
 
 import jax
 import ml_collections
@@ -52,30 +50,6 @@ class RestoredRun:
         return make_source(self.config, split, data_dir)
 
 
-def read_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-    """The validated config of the run in ``workdir`` (its ``config.json``)."""
-    path = pathlib.Path(workdir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: --workdir must be a training run's directory "
-                                "(train.py --workdir RUN writes config.json there)")
-    c = config_lib.base_config()
-    saved = json.loads(path.read_text())
-    c.model = ml_collections.ConfigDict(saved.pop("model"))
-    c.update_from_flattened_dict(_flatten(saved))
-    config_lib.validate(c)
-    return c
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
-    return out
-
-
 def make_source(c: ml_collections.ConfigDict, split: str, data_dir: str | None = None):
     """The config's dataset for ``split``, optionally read from ``data_dir``."""
     kwargs, _ = config_lib.source_kwargs(c)
@@ -97,12 +71,13 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> RestoredRu
     """Rebuild the model of the run in ``workdir`` and restore checkpoint ``step`` (default: the latest).
 
     Raises:
-      FileNotFoundError: no ``config.json`` in ``workdir``.
+      FileNotFoundError: no ``config.json`` in ``workdir`` (``snnjax.train.config.load`` reads it).
       CheckpointError: no checkpoint there, or ``step`` is not one of them.
       ValueError: a float64 run while ``jax_enable_x64`` is off.
     """
     workdir = pathlib.Path(workdir)
-    c = read_config(workdir)
+    c = config_lib.load(workdir)
+    config_lib.validate(c)
     if c.dtype == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(f"the run in {workdir} trained in float64: call "
                          "jax.config.update('jax_enable_x64', True) before loading it")

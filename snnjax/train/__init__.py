@@ -1,6 +1,6 @@
-"""Training: config schema, pure train/eval steps, the steps jitted under a plan, checkpoints, metrics, the loop
-(``Trainer``: a config, or a config and your model), and ``trainer`` / ``ModelTrainer`` / ``load_model``: any model
-under any layout from Python (``snnjax.train.model_trainer``)."""
+"""Training: config schema and loader (``snnjax.train.config.load``), pure train/eval steps, the steps jitted under a
+plan, checkpoints, metrics, ``trainer`` / ``ModelTrainer`` / ``load_model``: any model under any layout from Python
+(``snnjax.train.model_trainer``), and the loop (``Trainer``: a config's run on a ``ModelTrainer``)."""
 from snnjax.train.config import base_config, validate
 from snnjax.train.loop import Trainer, train_and_evaluate
 from snnjax.train.model_trainer import ModelTrainer, load_model, trainer

@@ -1,12 +1,17 @@
-"""Training configuration: one ``ml_collections.ConfigDict`` schema and its validation.
+"""Training configuration: one ``ml_collections.ConfigDict`` schema, its loader and its validation.
 
-Config files (``configs/*.py``) start from ``base_config()`` and override values;
-``--config.key=value`` flags can only set keys that exist here. ``validate``
-checks every enumerated value and cross-field constraint before anything runs,
-naming the key and the allowed values.
+Config files (``configs/*.py``) start from ``base_config()`` and override values. ``load`` is the one
+way every command and test reads a config: a config file, or a run's saved ``config.json``, with
+``--config.KEY=VALUE`` overrides that can only set keys that exist. ``validate`` checks every
+enumerated value and cross-field constraint before anything runs, naming the key and the allowed values.
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
+import json
+import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -109,6 +114,126 @@ def base_config() -> ml_collections.ConfigDict:
     # metrics.jsonl and TensorBoard as firing_rate/<neuron path>
     c.monitor = ml_collections.ConfigDict({"firing_rates": False})
     return c
+
+
+class ConfigError(ValueError):
+    """A config file or a ``--config.KEY=VALUE`` override that cannot be applied (the message names which)."""
+
+
+def load(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """The config at ``path`` with ``overrides`` applied (not validated: ``validate`` is the trainer's entry check).
+
+    ``path``: a config file (``configs/*.py``, whose ``get_config()`` is called), a run's saved ``config.json``,
+    or a run's directory (``train.py --workdir RUN``: its ``config.json``). ``overrides``: ``"--config.KEY=VALUE"``
+    (or ``"KEY=VALUE"``) with a dotted KEY that must exist; VALUE is read as the key's type (text for a string,
+    a Python literal for a tuple), ``None`` sets None.
+
+    Raises:
+      FileNotFoundError: no config file at ``path`` (the message names it).
+      ConfigError: the file has no ``get_config()``, or an override names no key or has a bad value.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: {path.parent} is not a training run's directory "
+                                    "(train.py --workdir RUN writes config.json there)")
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist (--config takes a configs/*.py file or a run's "
+                                "config.json)")
+    c = _read_json(path) if path.suffix == ".json" else _read_module(path)
+    for item in overrides:
+        apply_override(c, item)
+    return c
+
+
+def _read_module(path: pathlib.Path) -> ml_collections.ConfigDict:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"config file {path} is not a Python file (configs/*.py) or a config.json")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"config file {path} defines no get_config() (see configs/digits.py)")
+    return module.get_config()
+
+
+def _read_json(path: pathlib.Path) -> ml_collections.ConfigDict:
+    """A saved ``config.json`` (``Trainer`` writes it into the run's directory) over ``base_config()``."""
+    saved = json.loads(path.read_text())
+    c = base_config()
+    model = saved.pop("model", {"name": c.model.name})  # JSON's lists back to the config's tuples
+    c.model = ml_collections.ConfigDict({k: tuple(v) if isinstance(v, list) else v for k, v in model.items()})
+    try:
+        c.update_from_flattened_dict(_flatten(saved))
+    except (KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(f"{path} is not a config this version reads ({e})") from None
+    return c
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def apply_override(c: ml_collections.ConfigDict, item: str) -> None:
+    """Set one ``--config.KEY=VALUE`` (or ``KEY=VALUE``) on ``c`` (``ConfigError`` naming the key if it cannot)."""
+    key, sep, text = item.removeprefix("--config.").partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{item}: write --config.KEY=VALUE")
+    *parents, leaf = key.split(".")
+    node = c
+    for i, part in enumerate(parents):
+        child = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+        if not isinstance(child, ml_collections.ConfigDict):
+            where = ".".join(parents[:i + 1])
+            raise ConfigError(f"--config.{key}: the config has no key {key} ({where} is not a group of keys)")
+        node = child
+    if leaf not in node:
+        group = ".".join(parents) or "the config"
+        raise ConfigError(f"--config.{key}: the config has no key {key}; {group} has {sorted(node.keys())}")
+    kind = node.get_type(leaf)
+    if kind is ml_collections.ConfigDict:
+        raise ConfigError(f"--config.{key}: {key} is a group of keys; set them one by one ({sorted(node[leaf])})")
+    value = _parse(key, text, kind)
+    with node.unlocked():
+        try:
+            node[leaf] = value
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"--config.{key}={text}: {e}") from None
+
+
+def _parse(key: str, text: str, kind: type) -> Any:
+    """``text`` as a value of type ``kind`` (the key's current type); ``None`` is None."""
+    if text == "None":
+        return None
+    if kind is str:
+        return text
+    if kind is bool:
+        if text.lower() in ("true", "1"):
+            return True
+        if text.lower() in ("false", "0"):
+            return False
+        raise ConfigError(f"--config.{key}={text}: {key} is True or False")
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"--config.{key}={text}: {key} is a number ({kind.__name__})") from None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        if kind in (tuple, list):
+            raise ConfigError(f"--config.{key}={text}: {key} is a tuple, e.g. (256,) or (4,4,8)") from None
+        return text  # a word for a key whose value was None
+    if kind in (tuple, list):
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    return value
 
 
 def _choice(key: str, value, allowed) -> None:

@@ -1,5 +1,10 @@
 """``train_and_evaluate(config, workdir)``: the training program behind ``train.py``.
 
+``Trainer`` is the config's layer over the Python trainer (``snnjax.train.model_trainer.ModelTrainer``,
+which holds the state and the jitted train and eval steps): it validates the config once, turns it into
+plain values (mesh, data loaders, model, optimizer, plan, step settings, the run's logging and checkpoint
+settings) and runs the loop: metrics, evaluation, checkpoints and the faults below.
+
 Data order, dropout masks and Poisson spikes are pure functions of
 ``(seed, step)``, and checkpoints hold the optimizer state, so a run resumed
 from a checkpoint continues the exact trajectory of an uninterrupted one.
@@ -33,6 +38,7 @@ import json
 import pathlib
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -57,15 +63,17 @@ from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter
-from snnjax.train.optim import make_optimizer
-from snnjax.train.sharded import apply_plan, eval_fn
-from snnjax.train.step import StepConfig, TrainState, model_inputs, split_model
+from snnjax.train.model_trainer import ModelTrainer
+from snnjax.train.optim import make_optimizer, make_schedule
+from snnjax.train.step import StepConfig, model_inputs
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}  # config.dtype -> compute dtype
 _OFFLOADED = {"opt_state": "optimizer state", "params": "parameters (fetched per unit)",
               "all": "parameters (fetched per unit) and optimizer state"}
+
+# -- the config's parts: each reads the config once and hands on plain values ---------------------
 
 
 def make_sources(c: ml_collections.ConfigDict):
@@ -101,183 +109,160 @@ def step_config(c: ml_collections.ConfigDict, time_major: bool) -> StepConfig:
                       compute_dtype=DTYPES[c.dtype], skip_nonfinite=c.nonfinite == "skip")
 
 
-def _pipeline_args(c: ml_collections.ConfigDict, source, dtype) -> dict[str, Any]:
-    """``plan``'s pipeline keywords for mode ``pp`` (and ``auto``, which may choose it unless the batch is
-    accumulated): the options, and the batch shape the stage split is costed on."""
-    if c.parallel.mode != "pp" and not (c.parallel.mode == "auto" and c.grad_accum_steps == 1):
-        return {}
-    data = DataShape.of(source, c.data.time_steps)
-    return {"pipeline": PipelineOptions(**c.parallel.pp), "compute_dtype": dtype,
-            "input_shape": (data.time_steps, c.global_batch_size, *data.frame_shape)}
-
-
-def make_mesh(c: ml_collections.ConfigDict):
-    """The config's mesh (one device for ``none``; None for ``auto``, whose plan picks it), checked against the mode."""
-    if c.parallel.mode == "auto":
+def make_mesh(mode: str, spec: str, *, zero_stage: int | None = None, sequence_parallel: bool = False):
+    """The mesh of parallel ``mode`` over the mesh ``spec`` (one device for ``none``; None for ``auto``, whose plan
+    picks it), checked against the mode."""
+    if mode == "auto":
         return None
-    if c.parallel.mode == "none":
+    if mode == "none":
         return mesh_lib.make_mesh("data=1", jax.devices()[:1])
-    mesh = mesh_lib.make_mesh(c.parallel.mesh)
-    if c.parallel.mode == "pp":  # the plan checks the stage axis and the mode the other axes imply
+    mesh = mesh_lib.make_mesh(spec)
+    if mode == "pp":  # the plan checks the stage axis and the mode the other axes imply
         return mesh
-    strategy = rules_lib.get_strategy(c.parallel.mode, _zero_stage(c), c.parallel.sequence_parallel)
-    rules_lib.check_mesh(strategy, dict(mesh.shape))
+    rules_lib.check_mesh(rules_lib.get_strategy(mode, zero_stage, sequence_parallel), dict(mesh.shape))
     return mesh
 
 
-def _zero_stage(c: ml_collections.ConfigDict) -> int | None:
-    return None if c.parallel.zero_stage == -1 else c.parallel.zero_stage
-
-
-def _global_batch(mesh, batch: dict[str, np.ndarray], time_major: bool) -> dict[str, jax.Array]:
-    def put(name, x):
-        axis = 1 if (name == "inputs" and time_major) else 0
-        return jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, x.ndim, axis), x)
-
-    return {k: put(k, v) for k, v in batch.items()}
+def search_memory(model: nnx.Module, plan: parallel.Plan, plan_for: Callable[[int], parallel.Plan],
+                  step_cfg: StepConfig, tx, data: DataShape, *, global_batch_size: int, time_major: bool,
+                  offload: str, budget_mb: float, pp: PipelineOptions, log: Callable[[str], None]):
+    """Configure ``model`` with the fastest checkpointing plan whose compiled peak per device fits ``budget_mb``
+    MiB (``snnjax.train.memory_search``), for each device's share of a microbatch; under ``plan``'s mode pp, with
+    the microbatch count (``snnjax.train.pipeline_memory``; ``plan_for(M)``: the plan with M microbatches), for the
+    whole step. ``offload``: the config's ``parallel.offload`` (``auto``: the search may offload the optimizer
+    state). Returns the search's result."""
+    accum = step_cfg.grad_accum_steps
+    shards = plan.axis_sizes.get("data", 1) * plan.axis_sizes.get("fsdp", 1)
+    is_pp = plan.mode == "pp"
+    rows = global_batch_size // accum // (1 if is_pp else shards)
+    lead = (data.time_steps, rows) if time_major else (rows,)
+    batch = {"inputs": jax.ShapeDtypeStruct((*lead, *data.frame_shape), jnp.float32),
+             "labels": jax.ShapeDtypeStruct((rows,), jnp.int32)}
+    offloads = (offload,) if offload != "auto" else ("none", "opt_state")
+    if offload == "auto" and not offload_lib.saves_device_memory():
+        offloads = ("none",)
+        log("note: parallel.offload=auto: host memory is the device's own memory on this backend, so the memory "
+            "search does not offload")
+    budget = int(budget_mb * 2**20)
+    if is_pp:
+        sizes = plan.axis_sizes
+        times = [(pp.microbatches, 0.0)] if pp.microbatches > 0 else pipeline_plan.microbatch_options(
+            rows, sizes["data"] * sizes["fsdp"], sizes["stage"], pp.virtual_stages, pp.schedule)
+        axis = {"inputs": 1 if time_major else 0, "labels": 0}
+        compile_for = pipeline_memory.step_compiler(
+            model, step_cfg, tx, batch, plan_for,
+            lambda p: {k: p.batch_sharding(v.ndim, axis[k]) for k, v in batch.items()})
+        result = pipeline_memory.search([cand for o in offloads for cand in pipeline_memory.candidates(times, o)],
+                                        compile_for, budget)
+    else:
+        inputs = None if time_major else jax.ShapeDtypeStruct((data.time_steps, rows, *data.frame_shape),
+                                                              step_cfg.compute_dtype)
+        result = memory_search.search_model(model, dataclasses.replace(step_cfg, grad_accum_steps=1), tx, batch,
+                                            budget, inputs=inputs, offloads=offloads)
+    log(result.summary() + (f" (per device: {rows} of the {global_batch_size} examples per step)"
+                            if not is_pp and (shards > 1 or accum > 1) else ""))
+    if result.chosen is None:
+        fixes = ("raise parallel.pp.microbatches (smaller microbatches), lower global_batch_size, set "
+                 "parallel.zero_stage=1 or 2 (optimizer state and gradients split over data within a stage), "
+                 "or pipeline over more stages" if is_pp else
+                 "lower global_batch_size or raise grad_accum_steps, or shard over more devices")
+        raise ValueError(f"no checkpointing plan fits parallel.memory_budget_mb={budget_mb:g} (the smallest "
+                         f"compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.1f} MiB per device): "
+                         f"raise the budget, {fixes}")
+    remat.configure(model, result.chosen.candidate.settings)
+    return result
 
 
 class Trainer:
-    """Holds what one run needs; ``run()`` trains, evaluates, checkpoints and writes the summary."""
+    """A config's run on the Python trainer (``self.trainer``, a ``ModelTrainer``); ``run()`` trains, evaluates,
+    checkpoints and writes the summary."""
 
     def __init__(self, c: ml_collections.ConfigDict, workdir: str | pathlib.Path, *, model: nnx.Module | None = None):
         """``model``: train this ``nnx.Module`` (inputs ``[T, N, ...]``, logits ``[T, N, classes]``) instead of
         ``config.model`` (whose keys are then ignored); ``model()`` hands it back trained."""
-        config_lib.validate(c)
-        self.c = c
+        config_lib.validate(c)  # the one check: below, the config is read into plain values once
         self.workdir = pathlib.Path(workdir)
         self.is_main = jax.process_index() == 0
-        self.mesh = make_mesh(c)
-        if self.mesh is not None:
-            mesh_lib.check_batch_divides(self.mesh, c.global_batch_size, c.grad_accum_steps)
+        p, batch, accum = c.parallel, c.global_batch_size, c.grad_accum_steps
+        zero_stage = None if p.zero_stage == -1 else p.zero_stage
+        # the run's own settings (logging, evaluation, checkpoints, faults)
+        self.global_batch_size, self.data_name, self.dtype = batch, c.data.name, c.dtype
+        self.log_every, self.checkpoint_every = c.log_every_steps, c.checkpoint_every_steps
+        self.keep_checkpoints, self.resume = c.keep_checkpoints, c.resume
+        self.skip_nonfinite, self.log_firing_rates = c.nonfinite == "skip", c.monitor.firing_rates
+        self.print_summary, self.config_json = p.print_summary, c.to_json_best_effort(indent=2)
 
+        mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
+        if mesh is not None:
+            mesh_lib.check_batch_divides(mesh, batch, accum)
         train_src, test_src = make_sources(c)
-        self.time_major = train_src.time_steps is not None
+        time_major = train_src.time_steps is not None
         # Each process reads the rows its devices hold. Mode auto (mesh planned below) splits the batch outermost
         # over a multiple of the process count, where the default slice (process k of P) is those rows.
-        rows = None if self.mesh is None else mesh_lib.batch_sharding(self.mesh, 1)
-        self.train_loader = Loader(train_src, c.global_batch_size, seed=c.seed, shuffle=True,
-                                   drop_remainder=True, prefetch=c.data.prefetch, batch_sharding=rows)
-        self.eval_loader = Loader(test_src, c.global_batch_size, seed=c.seed, shuffle=False,
-                                  drop_remainder=False, prefetch=c.data.prefetch, batch_sharding=rows)
+        rows = None if mesh is None else mesh_lib.batch_sharding(mesh, 1)
+        self.train_loader = Loader(train_src, batch, seed=c.seed, shuffle=True, drop_remainder=True,
+                                   prefetch=c.data.prefetch, batch_sharding=rows)
+        self.eval_loader = Loader(test_src, batch, seed=c.seed, shuffle=False, drop_remainder=False,
+                                  prefetch=c.data.prefetch, batch_sharding=rows)
         spe = self.train_loader.steps_per_epoch
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
 
-        dtype = DTYPES[c.dtype]
         self.model_name = c.model.name if model is None else type(model).__name__
         if model is None:
             model = init_model(c, train_src)
         settings = config_lib.remat_settings(c)
         if callable(getattr(model, "units", None)) or settings != remat.MemorySettings():
             remat.configure(model, settings)
-        self.tx, self.schedule = make_optimizer(c, self.total_steps)
-        self._plan_for = functools.cache(functools.partial(self._make_plan, model, train_src, dtype))
-        self.plan = self._plan_for(None)
-        self.mesh = self.plan.mesh
-        self.memory_search = None
+        self.schedule = make_schedule(c.schedule, c.learning_rate, self.total_steps, c.warmup_steps)
+        tx = make_optimizer(c.optimizer, self.schedule, weight_decay=c.weight_decay, momentum=c.momentum,
+                            grad_clip_norm=c.grad_clip_norm)
+        step_cfg = step_config(c, time_major)
+        data = DataShape.of(train_src, c.data.time_steps)
+        shaped = {"input_shape": (data.time_steps, batch, *data.frame_shape), "compute_dtype": step_cfg.compute_dtype}
+        pipeline = {}  # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split
+        if p.mode == "pp" or (p.mode == "auto" and accum == 1):
+            pipeline = {"pipeline": PipelineOptions(**p.pp), **shaped}
+        elif p.time_blocks:  # checks the block count against each layer
+            pipeline = shaped
+        plan_options = dict(objective=p.objective, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel,
+                            global_batch_size=batch // accum, opt_slots=1 if c.optimizer == "sgd" else 2,
+                            min_shard_size=p.min_shard_size,
+                            memory_budget_bytes=int(p.memory_budget_mb * 2**20) or None,
+                            time_steps=c.data.time_steps, time_blocks=p.time_blocks, **pipeline)
+        plan = parallel.plan(model, mesh if mesh is not None else jax.device_count(), mode=p.mode, **plan_options)
 
-        self.step_cfg = step_cfg = step_config(c, self.time_major)
-        self.offload = c.parallel.offload if c.parallel.offload != "auto" else "none"
-        if c.parallel.memory_budget_mb > 0:
-            self.memory_search = self._search_memory(model, step_cfg, train_src, dtype)
+        @functools.cache
+        def plan_for(microbatches: int) -> parallel.Plan:  # the pipeline on the first plan's mesh, M microbatches
+            pp = dataclasses.replace(plan_options["pipeline"], microbatches=microbatches)
+            return parallel.plan(model, plan.mesh, mode="pp", **{**plan_options, "pipeline": pp})
+
+        self.offload = p.offload if p.offload != "auto" else "none"
+        self.memory_search = None
+        if p.memory_budget_mb > 0:
+            self.memory_search = search_memory(model, plan, plan_for, step_cfg, tx, data, global_batch_size=batch,
+                                               time_major=time_major, offload=p.offload,
+                                               budget_mb=p.memory_budget_mb, pp=PipelineOptions(**p.pp), log=self._log)
             chosen = self.memory_search.chosen.candidate
             self.offload = chosen.offload
-            if self.plan.mode == "pp":
-                self.plan = self._plan_for(chosen.microbatches)
-        self.plan = self.plan.with_offload(self.offload)
-        if self.offload != "none" and not offload_lib.saves_device_memory(self.plan.mesh.devices.flat[0].platform):
+            if plan.mode == "pp":
+                plan = plan_for(chosen.microbatches)
+        plan = plan.with_offload(self.offload)
+        if self.offload != "none" and not offload_lib.saves_device_memory(plan.mesh.devices.flat[0].platform):
             what = {"opt_state": "the optimizer state moves", "params": "the parameters move",
                     "all": "the parameters and the optimizer state move"}[self.offload]
             self._log(f"note: parallel.offload={self.offload}: on this backend host memory is the device's own memory, "
                       f"so {what} between memory kinds each step and no memory is saved")
-        graphdef, params, rngs, rest = split_model(model)
-        self._graphdef = graphdef
-        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
-                           opt_state=self.tx.init(params))
-        self.num_params = sum(x.size for x in jax.tree.leaves(params))
-        self.state, self._train_step = apply_plan(self.plan, state, step_cfg, graphdef, self.tx, offload=self.offload)
-        params_like = self.state.params if self.plan.packing is None else self.plan.packing.abstract_tree()
-        self._eval_step = eval_fn(self.plan, self.state.replace(params=params_like), step_cfg, graphdef)
+        self.num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        self.trainer = ModelTrainer(model, plan, tx, step_cfg, verbose=False)
+        self.plan, self.mesh = plan, plan.mesh
         self.checkpointer = None
         self.skipped_steps = 0  # steps whose update was skipped (nonfinite="skip"), over the whole run
         self._signals = faults.StopSignals()  # SIGTERM / SIGINT handlers while run() trains
 
     def model(self) -> nnx.Module:
         """The model as trained so far (a new ``nnx.Module``; arrays placed as the plan stores them)."""
-        state = self._as_tree(self.state)
-        return nnx.merge(self._graphdef, state.params, state.rngs, state.model_state)
-
-    def _make_plan(self, model: nnx.Module, source, dtype, microbatches: int | None) -> parallel.Plan:
-        """The run's parallel plan; with ``microbatches``, the pipeline on the first plan's mesh with that many
-        microbatches instead of ``parallel.pp.microbatches`` (mode auto is not chosen again)."""
-        c = self.c
-        pipeline = _pipeline_args(c, source, dtype)
-        if c.parallel.time_blocks and "input_shape" not in pipeline:  # checks the block count against each layer
-            data = DataShape.of(source, c.data.time_steps)
-            pipeline.update(input_shape=(data.time_steps, c.global_batch_size, *data.frame_shape), compute_dtype=dtype)
-        if microbatches is not None:
-            pipeline["pipeline"] = dataclasses.replace(pipeline["pipeline"], microbatches=microbatches)
-        return parallel.plan(model, self.mesh if self.mesh is not None else jax.device_count(),
-                             mode=c.parallel.mode if microbatches is None else "pp", objective=c.parallel.objective,
-                             zero_stage=_zero_stage(c),
-                             sequence_parallel=c.parallel.sequence_parallel,
-                             global_batch_size=c.global_batch_size // c.grad_accum_steps,
-                             opt_slots=1 if c.optimizer == "sgd" else 2, min_shard_size=c.parallel.min_shard_size,
-                             memory_budget_bytes=int(c.parallel.memory_budget_mb * 2**20) or None,
-                             time_steps=c.data.time_steps, time_blocks=c.parallel.time_blocks, **pipeline)
-
-    def _search_memory(self, model: nnx.Module, step_cfg: StepConfig, source, dtype):
-        """Configure ``model`` with the fastest checkpointing plan whose compiled peak per device fits
-        ``parallel.memory_budget_mb`` (``snnjax.train.memory_search``), for each device's share of a microbatch;
-        under mode pp, with the microbatch count (``snnjax.train.pipeline_memory``), for the whole step."""
-        c = self.c
-        shards = self.plan.axis_sizes.get("data", 1) * self.plan.axis_sizes.get("fsdp", 1)
-        pp = self.plan.mode == "pp"
-        rows = c.global_batch_size // c.grad_accum_steps // (1 if pp else shards)
-        data = DataShape.of(source, c.data.time_steps)
-        lead = (data.time_steps, rows) if self.time_major else (rows,)
-        batch = {"inputs": jax.ShapeDtypeStruct((*lead, *data.frame_shape), jnp.float32),
-                 "labels": jax.ShapeDtypeStruct((rows,), jnp.int32)}
-        offloads = (c.parallel.offload,) if c.parallel.offload != "auto" else ("none", "opt_state")
-        if c.parallel.offload == "auto" and not offload_lib.saves_device_memory():
-            offloads = ("none",)
-            self._log("note: parallel.offload=auto: host memory is the device's own memory on this backend, so the "
-                      "memory search does not offload")
-        budget = int(c.parallel.memory_budget_mb * 2**20)
-        if pp:
-            result = self._search_pipeline_memory(model, step_cfg, batch, offloads, budget)
-        else:
-            inputs = None if self.time_major else jax.ShapeDtypeStruct((c.data.time_steps, rows, *data.frame_shape),
-                                                                       dtype)
-            result = memory_search.search_model(model, dataclasses.replace(step_cfg, grad_accum_steps=1), self.tx,
-                                                batch, budget, inputs=inputs, offloads=offloads)
-        self._log(result.summary() + (f" (per device: {rows} of the {c.global_batch_size} examples per step)"
-                                      if not pp and (shards > 1 or c.grad_accum_steps > 1) else ""))
-        if result.chosen is None:
-            fixes = ("raise parallel.pp.microbatches (smaller microbatches), lower global_batch_size, set "
-                     "parallel.zero_stage=1 or 2 (optimizer state and gradients split over data within a stage), "
-                     "or pipeline over more stages" if pp else
-                     "lower global_batch_size or raise grad_accum_steps, or shard over more devices")
-            raise ValueError(f"no checkpointing plan fits parallel.memory_budget_mb={c.parallel.memory_budget_mb:g} "
-                             f"(the smallest compiled peak is {min(m.peak_bytes for m in result.tried) / 2**20:,.1f} "
-                             f"MiB per device): raise the budget, {fixes}")
-        remat.configure(model, result.chosen.candidate.settings)
-        return result
-
-    def _search_pipeline_memory(self, model, step_cfg, batch, offloads, budget) -> memory_search.SearchResult:
-        pp, sizes = self.c.parallel.pp, self.plan.axis_sizes
-        if pp.microbatches > 0:
-            times = [(pp.microbatches, 0.0)]
-        else:
-            times = pipeline_plan.microbatch_options(batch["labels"].shape[0], sizes["data"] * sizes["fsdp"],
-                                                     sizes["stage"], pp.virtual_stages, pp.schedule)
-        axis = {"inputs": 1 if self.time_major else 0, "labels": 0}
-        compile_for = pipeline_memory.step_compiler(
-            model, step_cfg, self.tx, batch, self._plan_for,
-            lambda plan: {k: plan.batch_sharding(v.ndim, axis[k]) for k, v in batch.items()})
-        return pipeline_memory.search([c for o in offloads for c in pipeline_memory.candidates(times, o)],
-                                      compile_for, budget)
+        return self.trainer.model()
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -285,46 +270,31 @@ class Trainer:
         ckpt_dir = self.workdir / "checkpoints"
         existing = bool(complete_steps(ckpt_dir))  # a failed first save leaves only a tmp folder: start afresh
         # A job the launcher restarted (or SLURM requeued) continues from its latest complete checkpoint.
-        if self.c.resume or (existing and distributed.launch_info().restarted):
+        if self.resume or (existing and distributed.launch_info().restarted):
             if not existing:
                 raise CheckpointError(f"resume=True but {ckpt_dir} holds no checkpoint; run without "
-                                      "--config.resume=True to start fresh, or pass the run's --workdir")
-            reader = Checkpointer(ckpt_dir, self.c.keep_checkpoints, read_only=True)
-            tree_state, meta = reader.restore(self._as_tree(self.state))
-            self.state = self._as_stored(tree_state)
+                                      "--config.resume=True to start fresh, or pass the run's --workdir (from Python: "
+                                      "config.resume = False, or the run's directory as Trainer(config, workdir))")
+            reader = Checkpointer(ckpt_dir, self.keep_checkpoints, read_only=True)
+            tree_state, meta = reader.restore(self.trainer.tree_state())
+            self.trainer.set_tree_state(tree_state)
             reader.close()
             self.skipped_steps = int(meta.get("skipped_steps", 0))
-            if meta.get("global_batch_size") != self.c.global_batch_size or meta.get("data") != self.c.data.name:
+            if meta.get("global_batch_size") != self.global_batch_size or meta.get("data") != self.data_name:
                 raise CheckpointError(f"the checkpoint in {ckpt_dir} was written with global_batch_size="
                                       f"{meta.get('global_batch_size')} on {meta.get('data')!r}; this run uses "
-                                      f"{self.c.global_batch_size} on {self.c.data.name!r}, so it cannot continue "
+                                      f"{self.global_batch_size} on {self.data_name!r}, so it cannot continue "
                                       "the same trajectory")
         elif existing:
             raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
                                   "run, or choose another --workdir (nothing was overwritten). From Python: set "
                                   "config.resume = True, or pass another workdir to Trainer(config, workdir)")
-        self.checkpointer = Checkpointer(ckpt_dir, self.c.keep_checkpoints)
-
-    def _as_tree(self, state):
-        """``state`` with the model's parameter tree: checkpoints hold that, so they restore into any layout (the
-        pipeline stores each device's parameters packed, ``snnjax.parallel.stage_params``)."""
-        return state if self.plan.packing is None else self._unpack_state(state)
-
-    @functools.cached_property
-    def _unpack_state(self):  # jitted once: every checkpoint save calls it
-        return jax.jit(self.plan.packing.unpack_state)
-
-    def _as_stored(self, tree_state):
-        """Inverse of ``_as_tree``: the layout's own form, placed as ``self.state`` is."""
-        packing = self.plan.packing
-        if packing is None:
-            return tree_state
-        return jax.jit(packing.pack_state, out_shardings=jax.tree.map(lambda x: x.sharding, self.state))(tree_state)
+        self.checkpointer = Checkpointer(ckpt_dir, self.keep_checkpoints)
 
     def _save(self) -> None:
-        meta = {"global_batch_size": self.c.global_batch_size, "data": self.c.data.name,
-                "skipped_steps": self.skipped_steps, "config": json.loads(self.c.to_json_best_effort())}
-        self.checkpointer.save(self._as_tree(self.state), meta)
+        meta = {"global_batch_size": self.global_batch_size, "data": self.data_name,
+                "skipped_steps": self.skipped_steps, "config": json.loads(self.config_json)}
+        self.checkpointer.save(self.trainer.tree_state(), meta)
 
     def _close_checkpoints(self) -> None:
         """Wait for the last save (``CheckpointError`` if it failed) and release the checkpoint manager."""
@@ -345,7 +315,7 @@ class Trainer:
         self._signals.saved(done)
         message = (f"stopped by {signal.Signals(signum).name} after step {done} of {self.total_steps}: checkpoint "
                    f"{self.workdir / 'checkpoints' / str(done)} is on disk; to continue, rerun the same command "
-                   "with --config.resume=True")
+                   "with --config.resume=True (from Python: config.resume = True, the same workdir)")
         self._log(message)
         raise faults.Preempted(message, signum=signum, step=done)
 
@@ -359,8 +329,8 @@ class Trainer:
                 continue
             loss, norm = (float(jax.device_get(m[k])) for k in ("loss", "grad_norm"))
             what = (f"step {done}: the loss ({loss}) or the gradient norm ({norm}) is not finite. "
-                    f"{faults.inputs_note(self.train_loader, self.c.data.name, done)}")
-            if self.c.nonfinite == "skip":
+                    f"{faults.inputs_note(self.train_loader, self.data_name, done)}")
+            if self.skip_nonfinite:
                 self.skipped_steps += 1
                 if self.is_main:
                     progress.write(f"{what} Its update was skipped (config.nonfinite='skip').")
@@ -370,38 +340,23 @@ class Trainer:
                 f"{what} Training stopped (config.nonfinite='stop'); nothing from step {done} on was saved, and "
                 f"{self._kept()}, all from before it. Fix the data (or lower config.learning_rate / set "
                 "config.grad_clip_norm) and rerun the same command with --config.resume=True, or add "
-                "--config.nonfinite=skip to skip such steps.")
+                "--config.nonfinite=skip to skip such steps (from Python: config.resume = True, config.nonfinite = "
+                "'skip').")
 
     # -- evaluation --------------------------------------------------------------------------
-
-    def _eval_state(self) -> TrainState:
-        """What the eval step reads: under a pipeline, the parameter tree gathered from the stage rows once per
-        evaluation rather than in every eval step (and no optimizer state)."""
-        if self.plan.packing is None:
-            return self.state
-        return self.state.replace(params=self._gather_params(self.state.params), opt_state=())
-
-    @functools.cached_property
-    def _gather_params(self):
-        packing = self.plan.packing
-        return jax.jit(packing.unpack, out_shardings=self.plan.param_shardings(packing.abstract_tree(), "compute"))
 
     def firing_rates(self) -> dict[str, float]:
         """``firing_rate/<neuron path>``: each spiking neuron's spikes per neuron per step on the first eval batch
         (eval mode; ``snnjax.monitor``)."""
-        batch = _global_batch(self.mesh, next(iter(self.eval_loader.epoch_batches(0))), self.time_major)
-        inputs = jax.jit(functools.partial(model_inputs, self.step_cfg))(batch["inputs"], jax.random.key(self.c.seed))
+        batch = self.trainer.put(next(iter(self.eval_loader.epoch_batches(0))))
+        step_cfg = self.trainer.step_config
+        inputs = jax.jit(functools.partial(model_inputs, step_cfg))(batch["inputs"], jax.random.key(step_cfg.seed))
         return {f"firing_rate/{k}": v for k, v in monitor.firing_rates(self.model(), inputs).items()}
 
     def evaluate(self) -> dict[str, float]:
-        totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-        state = self._eval_state()
-        for i, batch in enumerate(self.eval_loader.epoch_batches(0)):
-            out = self._eval_step(state, _global_batch(self.mesh, batch, self.time_major), jnp.asarray(i))
-            for k, v in jax.device_get(out).items():
-                totals[k] += float(v)
-        n = max(totals["count"], 1.0)
-        return {"eval_loss": totals["loss"] / n, "eval_accuracy": totals["correct"] / n}
+        """``eval_loss`` and ``eval_accuracy`` over the whole test split."""
+        metrics = self.trainer.evaluate(self.eval_loader.epoch_batches(0))
+        return {"eval_loss": metrics["loss"], "eval_accuracy": metrics["accuracy"]}
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -435,24 +390,23 @@ class Trainer:
         return summary
 
     def _train(self, writer: MetricWriter) -> dict[str, Any]:
-        c = self.c
-        start = int(jax.device_get(self.state.step))
+        start = self.trainer.step_count
         if self.is_main:
-            (self.workdir / "config.json").write_text(c.to_json_best_effort(indent=2))
+            (self.workdir / "config.json").write_text(self.config_json)
 
         batches = self.train_loader.batches(start_step=start)
-        first = _global_batch(self.mesh, next(batches), self.time_major)
+        first = self.trainer.put(next(batches))
         t0 = time.perf_counter()
-        compiled = self._train_step.lower(self.state, first).compile()
+        self.trainer.compile(first)
         compile_seconds = time.perf_counter() - t0
         mesh_desc = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items() if v > 1) or "1 device"
         self._log(f"{self.model_name}: {self.num_params:,} parameters; mode {self.plan.mode} on {mesh_desc}; "
-                  f"{self.total_steps} steps of {c.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
+                  f"{self.total_steps} steps of {self.global_batch_size} ({self.train_loader.steps_per_epoch}/epoch); "
                   f"compiled in {compile_seconds:.1f}s" + (f"; offloaded to host memory: {_OFFLOADED[self.offload]}"
                                                           if self.offload != "none" else "")
                   + (f"; resuming at step {start}" if start else ""))
-        step_cost = parallel.step_report(compiled, self.state)
-        if c.parallel.print_summary:
+        step_cost = self.trainer.cost()
+        if self.print_summary:
             self._log(str(self.plan))
             self._log(parallel.format_report(step_cost, f"per-device cost of one train step ({self.plan.mode}, "
                                              f"{mesh_desc})"))
@@ -467,7 +421,7 @@ class Trainer:
         with progress:
             for step in range(start, self.total_steps):
                 t = time.perf_counter()
-                self.state, metrics = compiled(self.state, batch)
+                metrics = self.trainer.advance(batch)
                 window.append(metrics)
                 window_steps += 1
                 done = step + 1
@@ -475,10 +429,10 @@ class Trainer:
                 final = done == self.total_steps
                 stop = self._signals.agreed(done, final)
                 if not final and stop is None:
-                    batch = _global_batch(self.mesh, next(batches), self.time_major)
-                log_now = done % c.log_every_steps == 0 or final
+                    batch = self.trainer.put(next(batches))
+                log_now = done % self.log_every == 0 or final
                 eval_now = done % self.eval_every == 0 or final
-                save_now = done % c.checkpoint_every_steps == 0 or final or stop is not None
+                save_now = done % self.checkpoint_every == 0 or final or stop is not None
                 if log_now or eval_now or save_now:  # nothing of a non-finite step may be logged or saved unseen
                     self._check_finite(unchecked, progress)
                     unchecked = []
@@ -491,8 +445,8 @@ class Trainer:
                     last = {"train_loss": mean["loss"], "train_accuracy": mean["accuracy"],
                             "grad_norm": mean["grad_norm"], "learning_rate": float(self.schedule(step)),
                             "epoch": done / self.train_loader.steps_per_epoch,
-                            "samples_per_sec": window_steps * c.global_batch_size / elapsed}
-                    if c.nonfinite == "skip":
+                            "samples_per_sec": window_steps * self.global_batch_size / elapsed}
+                    if self.skip_nonfinite:
                         last["skipped_steps"] = len(values) - len(kept)
                     writer.write(done, last)
                     progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
@@ -505,7 +459,7 @@ class Trainer:
                     t = time.perf_counter()
                     eval_metrics = self.evaluate()
                     writer.write(done, eval_metrics)
-                    if c.monitor.firing_rates:
+                    if self.log_firing_rates:
                         writer.write(done, self.firing_rates())
                     if self.is_main:
                         progress.write(f"step {done}: eval_loss {eval_metrics['eval_loss']:.4f} "
@@ -529,11 +483,11 @@ class Trainer:
 
         return {
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
-            **eval_metrics, "steps": self.total_steps, "global_batch_size": c.global_batch_size,
+            **eval_metrics, "steps": self.total_steps, "global_batch_size": self.global_batch_size,
             "skipped_steps": self.skipped_steps, "restarts": _restarts(start),
-            "samples_per_sec": trained * c.global_batch_size / train_time if train_time else None,
+            "samples_per_sec": trained * self.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
-            "model": self.model_name, "num_params": self.num_params, "dataset": c.data.name, "dtype": c.dtype,
+            "model": self.model_name, "num_params": self.num_params, "dataset": self.data_name, "dtype": self.dtype,
             "parallel": {"mode": self.plan.mode, "zero_stage": self.plan.zero_stage, "offload": self.offload,
                          "sequence_parallel": self.plan.strategy.sequence_parallel, "reasons": self.plan.reasons,
                          "per_device": {k: v for k, v in step_cost.items() if k != "collectives"},

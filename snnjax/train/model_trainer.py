@@ -87,12 +87,16 @@ class ModelTrainer:
                 "labels": self.batch_sharding("labels", 1)}
 
     def put(self, batch: Batch) -> dict[str, jax.Array]:
-        """``batch`` (numpy or JAX arrays) placed on the mesh by name (``batch_sharding``), layout checked."""
+        """``batch`` (numpy or JAX arrays) placed on the mesh by name (``batch_sharding``), layout checked. Of
+        several processes, each passes the rows its devices hold (``snnjax.data.Loader(batch_sharding=...)``)."""
         missing = {"inputs", "labels"} - set(batch)
         if missing:
             raise ValueError(f"a batch is a dict with 'inputs' and 'labels'; this one lacks {sorted(missing)} "
                              f"(it has {sorted(batch)})")
         self._check_layout(batch)
+        if jax.process_count() > 1:
+            return {k: jax.make_array_from_process_local_data(self.batch_sharding(k, np.ndim(v)), v)
+                    for k, v in batch.items()}
         return {k: jax.device_put(v, self.batch_sharding(k, np.ndim(v))) for k, v in batch.items()}
 
     def _check_layout(self, batch: Batch) -> None:
@@ -111,7 +115,7 @@ class ModelTrainer:
             raise ValueError(f"inputs of shape {shape} with labels of shape {labels}: the model takes inputs "
                              f"{expected} with the N examples of labels [N] on axis {axis}.{hint}")
         n, shards = labels[0], self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if n % shards:
+        if n % shards and jax.process_count() == 1:  # of several processes, n is this process's rows
             raise ValueError(f"a batch of {n} examples does not split over data x fsdp = {shards} devices; use a "
                              f"multiple of {shards} examples (evaluate() pads a last partial batch itself)")
         self._checked_shape = (shape, labels)
@@ -121,12 +125,21 @@ class ModelTrainer:
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on ``batch`` (``inputs`` ``[T, N, ...]``, integer ``labels`` ``[N]``); returns
         ``loss``, ``accuracy`` and ``grad_norm`` as floats (reading them waits for the step)."""
-        placed = self.put(batch)
+        metrics = self.advance(self.put(batch))
+        return {k: float(v) for k, v in jax.device_get(metrics).items() if k in ("loss", "accuracy", "grad_norm")}
+
+    def compile(self, placed: Mapping[str, jax.Array]):
+        """The train step compiled for batches shaped as ``placed`` (a ``put`` batch); kept for later steps."""
         if self._compiled is None or self._compiled[0] != _signature(placed):
             with compile_notice("the train step", self.verbose):
                 self._compiled = (_signature(placed), self._train_step.lower(self.state, placed).compile())
-        self.state, metrics = self._compiled[1](self.state, placed)
-        return {k: float(v) for k, v in jax.device_get(metrics).items() if k in ("loss", "accuracy", "grad_norm")}
+        return self._compiled[1]
+
+    def advance(self, placed: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """One optimizer step on a ``put`` batch, without waiting for it: the step's metrics as device arrays
+        (``loss``, ``accuracy``, ``grad_norm``, and ``finite``: whether loss and gradient norm were finite)."""
+        self.state, metrics = self.compile(placed)(self.state, placed)
+        return metrics
 
     def fit(self, batches: Iterable[Batch], steps: int | None = None, *, progress: bool = True) -> list[dict]:
         """``step`` on each batch (at most ``steps``), with a progress bar (``tqdm.auto``); the metrics of each step."""
@@ -146,10 +159,12 @@ class ModelTrainer:
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
         """Mean ``loss`` and ``accuracy`` over every example of ``batches`` in eval mode (BatchNorm's running
-        statistics); a batch that does not split over data x fsdp is padded and the padding masked out."""
+        statistics); a batch that does not split over data x fsdp is padded and the padding masked out (as are
+        the examples a batch's own ``mask``, ``[N]``, marks False)."""
         totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
         state = self._eval_state()
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        # Of several processes, each passes its rows of a whole global batch (snnjax.data.Loader pads the last one).
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"] if jax.process_count() == 1 else 1
         for i, batch in enumerate(batches):
             padded = _pad_batch(batch, shards, 1 if self._time_major else 0)
             out = self._eval_step(state, self.put(padded), jnp.asarray(i))
@@ -168,18 +183,32 @@ class ModelTrainer:
             return parallel.describe_stage_rows(self.plan.packing)
         return parallel.describe_shardings(self.state.params, title="parameters as placed:")
 
-    def report(self) -> str:
+    def cost(self) -> dict[str, Any]:
         """The compiled train step's per-device memory and collectives (``snnjax.parallel.step_report``); after
         the first ``step``."""
         if self._compiled is None:
-            raise ValueError("report() reads the compiled train step: call step(batch) once first")
-        return parallel.format_report(parallel.step_report(self._compiled[1], self.state))
+            raise ValueError("the train step's cost is read from its compiled program: call step(batch) once first")
+        return parallel.step_report(self._compiled[1], self.state)
+
+    def report(self, title: str | None = None) -> str:
+        """``cost()`` as a table (``snnjax.parallel.format_report``)."""
+        return parallel.format_report(self.cost(), *([] if title is None else [title]))
 
     # -- the model and checkpoints -----------------------------------------------------------
 
-    def _tree_state(self) -> TrainState:
-        """The state with the parameter tree (a pipeline stores each device's stages packed)."""
+    def tree_state(self) -> TrainState:
+        """The state with the parameter tree (a pipeline stores each device's stages packed): what checkpoints
+        hold, so they restore into any layout."""
         return self.state if self.plan.packing is None else self._unpack_state(self.state)
+
+    def set_tree_state(self, tree_state: TrainState) -> None:
+        """Continue from ``tree_state`` (``tree_state()``'s form, e.g. a restored checkpoint), placed as the plan
+        stores the state."""
+        shardings = jax.tree.map(lambda x: x.sharding, self.state)
+        if self.plan.packing is not None:
+            self.state = jax.jit(self.plan.packing.pack_state, out_shardings=shardings)(tree_state)
+        else:
+            self.state = jax.device_put(tree_state, shardings)
 
     @functools.cached_property
     def _unpack_state(self):  # jitted once
@@ -198,7 +227,7 @@ class ModelTrainer:
     def model(self) -> nnx.Module:
         """The trained model as a new ``nnx.Module``: copies of the parameters and BatchNorm statistics, placed as
         the plan stores them (later steps, which reuse the trainer's buffers, do not change it)."""
-        state = self._tree_state()
+        state = self.tree_state()
         params, model_state = jax.device_put((state.params, state.model_state), may_alias=False)
         return nnx.merge(self._graphdef, params, state.rngs, model_state)
 
@@ -220,7 +249,7 @@ class ModelTrainer:
         try:
             for step in existing:
                 checkpointer.manager.delete(step)
-            checkpointer.save(self._tree_state(), {"mode": self.plan.mode, "mesh": dict(self.mesh.shape)})
+            checkpointer.save(self.tree_state(), {"mode": self.plan.mode, "mesh": dict(self.mesh.shape)})
         finally:
             checkpointer.close()
         return directory / str(self.step_count)
@@ -230,15 +259,10 @@ class ModelTrainer:
         layout; returns its step."""
         reader = Checkpointer(directory, read_only=True)
         try:
-            tree_state, _ = reader.restore(self._tree_state(), step)
+            tree_state, _ = reader.restore(self.tree_state(), step)
         finally:
             reader.close()
-        if self.plan.packing is not None:
-            tree_state = jax.jit(self.plan.packing.pack_state,
-                                 out_shardings=jax.tree.map(lambda x: x.sharding, self.state))(tree_state)
-        else:
-            tree_state = jax.device_put(tree_state, jax.tree.map(lambda x: x.sharding, self.state))
-        self.state = tree_state
+        self.set_tree_state(tree_state)
         return self.step_count
 
     def __repr__(self) -> str:
@@ -370,12 +394,13 @@ def _lookup(tree, path):
 
 
 def _pad_batch(batch: Batch, shards: int, input_axis: int) -> dict[str, np.ndarray]:
-    """``batch`` with a ``mask`` (1 per real example), padded with masked copies of its first example to a
+    """``batch`` with a ``mask`` (its own, else 1 per example), padded with masked copies of its first example to a
     multiple of ``shards``."""
     labels = np.asarray(batch["labels"])
     n = labels.shape[0]
     pad = -n % shards
-    out = {"inputs": np.asarray(batch["inputs"]), "labels": labels, "mask": np.ones(n, np.float32)}
+    mask = np.asarray(batch["mask"], np.float32) if "mask" in batch else np.ones(n, np.float32)
+    out = {"inputs": np.asarray(batch["inputs"]), "labels": labels, "mask": mask}
     if pad:
         axes = {"inputs": input_axis, "labels": 0, "mask": 0}
         for k, x in out.items():
