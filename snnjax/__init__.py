@@ -15,24 +15,19 @@ Subpackages: ``neurons``, ``layers``, ``models``, ``parallel``, ``train``, ``dat
 import ``snnjax.neurons.base``, and ``snnjax.neurons.dispatch`` imports them, so the neurons
 package must be initialised before either kernel package, whichever a program imports first.
 """
-# Before anything else: XLA reads XLA_FLAGS once, when JAX starts (snnjax.xla_options.use_by_default).
-from snnjax import xla_options  # noqa: I001
+from snnjax import neurons  # noqa: F401, I001  (the first package: see above)
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
-CPU_CONV_DEFAULT = xla_options.use_by_default()  # plain jax.jit gets the library's CPU convolution runtime
-
-from snnjax import neurons  # noqa: E402, F401, I001  (the first package: see above)
-from importlib.metadata import PackageNotFoundError  # noqa: E402
-from importlib.metadata import version as _version  # noqa: E402
-
-from snnjax import layers, models, parallel  # noqa: E402, F401
-from snnjax.models.sequential import Sequential  # noqa: E402
-from snnjax.parallel.pipeline_plan import PipelineOptions  # noqa: E402
-from snnjax.train.model_trainer import ModelTrainer, load_model, trainer  # noqa: E402
+from snnjax import layers, models, parallel  # noqa: F401
+from snnjax.models.sequential import Sequential
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.model_trainer import ModelTrainer, load_model, trainer
 
 try:
     __version__ = _version("snnjax")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["CPU_CONV_DEFAULT", "ModelTrainer", "PipelineOptions", "Sequential", "__version__", "layers", "load_model",
-           "models", "neurons", "parallel", "trainer"]
+__all__ = ["ModelTrainer", "PipelineOptions", "Sequential", "__version__", "layers", "load_model", "models", "neurons",
+           "parallel", "trainer"]

@@ -24,12 +24,18 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
 - a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
   forward and both gradients (its transposes): no products with padding.
 
-Steps that convolve on the CPU should compile with ``compiler_options(platform)`` (``import snnjax``
-makes it XLA's default too, ``snnjax.xla_options``, so plain ``jax.jit`` gets it):
-XLA:CPU (jax 0.10) hands convolutions to YNNPACK by default, and for these
-shapes its Eigen convolutions are faster (CIFAR10DVSVGG's eight layers at
-N*T = 32, 2-core CPU: forward 290 vs 346 ms, input gradient 314 vs 403 ms,
-weight gradient 356 vs 886 ms).
+Steps that convolve on the CPU compile with ``compiler_options(arrays, platform)`` (the library's own steps
+do; pass it as ``jax.jit(..., compiler_options=...)`` when you jit model code yourself). It is chosen per
+compile, from the step's dtype, because XLA:CPU (jax 0.10) has two convolution runtimes and each dtype has
+its own faster one:
+
+- float32: YNNPACK by default; Eigen is faster for these shapes (CIFAR10DVSVGG's eight layers at N*T = 32,
+  2-core CPU: forward 290 vs 346 ms, input gradient 314 vs 403 ms, weight gradient 356 vs 886 ms), so
+  float32 steps compile with YNNPACK's convolutions off (``CPU_CONV_OPTIONS``);
+- float64: YNNPACK by default; Eigen has no float64 convolution (XLA falls back to a plain loop), so with the
+  same option a 3x3 conv ``[60, 48, 48, 64] -> 128`` takes 5.3 s against 0.4 s: float64 steps keep XLA's
+  default (as does every compile of a process that has not asked: ``import snnjax`` sets nothing);
+- bfloat16 / float16: YNNPACK does not take these convolutions; the option leaves their programs unchanged.
 
 Shapes: ``x [N, H, W, C_in]``, kernel ``[kh, kw, C_in, C_out]`` (NHWC / HWIO, as
 ``nnx.Conv``), output ``[N, H_out, W_out, C_out]``; any strides and explicit or
@@ -44,21 +50,32 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from snnjax.xla_options import CPU_CONV_OPTIONS
-
 _DN = ("NHWC", "HWIO", "NHWC")
 Padding = str | Sequence[tuple[int, int]]
 
-_CPU_OPTIONS = CPU_CONV_OPTIONS  # the YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less convolutions
+# The YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less its convolutions.
+CPU_CONV_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
 
-def compiler_options(platform: str | None = None) -> dict[str, str] | None:
-    """``jax.jit(..., compiler_options=...)`` for steps that convolve on ``platform`` (default: JAX's backend).
+def compiler_options(arrays, platform: str | None = None) -> dict[str, str] | None:
+    """``jax.jit(..., compiler_options=...)`` for a step over ``arrays`` compiled for ``platform`` (default: JAX's).
 
-    On the CPU: convolutions on XLA's Eigen runtime rather than YNNPACK (see the module docstring);
-    elsewhere ``None``.
+    ``arrays``: a pytree of what sets the step's dtypes: arrays, ``jax.ShapeDtypeStruct`` or dtypes (e.g.
+    ``(state, cfg.compute_dtype)``). Returns ``CPU_CONV_OPTIONS`` (convolutions on XLA's Eigen runtime) on the
+    CPU when none of them is float64; otherwise ``None``, XLA's default (the module docstring has the measurements).
     """
-    return dict(_CPU_OPTIONS) if (platform or jax.default_backend()) == "cpu" else None
+    if (platform or jax.default_backend()) != "cpu" or any(map(_is_float64, jax.tree.leaves(arrays))):
+        return None
+    return dict(CPU_CONV_OPTIONS)
+
+
+def _is_float64(leaf) -> bool:
+    """Whether ``leaf`` (an array, a ``ShapeDtypeStruct`` or a dtype) is float64; False for anything else."""
+    try:
+        return jnp.dtype(getattr(leaf, "dtype", leaf)) == jnp.float64
+    except TypeError:
+        return False
 
 
 def _forward(x, w, strides, padding, precision, out_dtype):
