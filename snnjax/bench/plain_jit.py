@@ -10,8 +10,9 @@ Three compiles of one step (``snnjax.train.step.train_step``, Adam) in one proce
 - ``eigen``: ``compiler_options=conv_cpu.CPU_CONV_OPTIONS`` whatever the dtype (what every compile got while
   ``import snnjax`` set it in ``XLA_FLAGS``).
 Compiles that give the same program (``as_text``) are timed once; the distinct ones alternately, repetition by
-repetition (the machine's load changes them alike). Reported: each compile's median and min milliseconds, which
-compiles share a program, ``plain_over_library``, ``eigen_over_library`` and ``XLA_FLAGS``.
+repetition (the machine's load changes them alike). Reported: each compile's median and min milliseconds and its
+median CPU milliseconds (the process's, all threads: steadier than wall time on a shared machine), which compiles
+share a program, ``plain_over_library``, ``eigen_over_library`` (medians) and ``XLA_FLAGS``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import argparse
 import functools
 import os
 import statistics
+import time
 
 from snnjax.bench.common import append_jsonl, git_commit
 from snnjax.bench.peer import timed_ms
@@ -66,11 +68,14 @@ def main(argv=None) -> dict:
     for name, c in compiled.items():
         programs.setdefault(c.as_text(), []).append(name)
     times: dict[str, list[float]] = {names[0]: [] for names in programs.values()}
+    cpu: dict[str, list[float]] = {name: [] for name in times}
     for rep in range(args.warmup + args.reps):
         for name in times:
+            start = time.process_time()
             ms = timed_ms(lambda c=compiled[name]: jax.block_until_ready(c(state, batch)))
             if rep >= args.warmup:
                 times[name].append(ms)
+                cpu[name].append((time.process_time() - start) * 1e3)
     rec = {"bench": "plain_jit", "model": args.model, "dtype": args.dtype, "batch_size": args.batch_size, "T": args.T,
            "image_size": args.image_size, "reps": args.reps, "timing": "interleaved",
            "library_options": options["library"], "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -80,6 +85,7 @@ def main(argv=None) -> dict:
         for name in names:
             rec[f"{name}_median_ms"] = statistics.median(times[names[0]])
             rec[f"{name}_min_ms"] = min(times[names[0]])
+            rec[f"{name}_cpu_median_ms"] = statistics.median(cpu[names[0]])
     rec["plain_over_library"] = rec["plain_jit_median_ms"] / rec["library_median_ms"]
     rec["eigen_over_library"] = rec["eigen_median_ms"] / rec["library_median_ms"]
     print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()), flush=True)

@@ -24,18 +24,25 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
 - a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
   forward and both gradients (its transposes): no products with padding.
 
-Steps that convolve on the CPU compile with ``compiler_options(arrays, platform)`` (the library's own steps
-do; pass it as ``jax.jit(..., compiler_options=...)`` when you jit model code yourself). It is chosen per
-compile, from the step's dtype, because XLA:CPU (jax 0.10) has two convolution runtimes and each dtype has
-its own faster one:
+Steps that convolve on the CPU compile with ``compiler_options((state, dtype), platform)`` (the library's own
+steps do; pass it as ``jax.jit(..., compiler_options=...)`` when you jit model code yourself: ``import snnjax``
+sets nothing process-wide). It is chosen per compile, from the step's dtypes, because XLA:CPU (jax 0.10) has two
+convolution runtimes and each dtype has its own faster one (2-core CPU, CPU milliseconds of the process, which a
+shared machine's load disturbs less than wall time):
 
-- float32: YNNPACK by default; Eigen is faster for these shapes (CIFAR10DVSVGG's eight layers at N*T = 32,
-  2-core CPU: forward 290 vs 346 ms, input gradient 314 vs 403 ms, weight gradient 356 vs 886 ms), so
-  float32 steps compile with YNNPACK's convolutions off (``CPU_CONV_OPTIONS``);
-- float64: YNNPACK by default; Eigen has no float64 convolution (XLA falls back to a plain loop), so with the
-  same option a 3x3 conv ``[60, 48, 48, 64] -> 128`` takes 5.3 s against 0.4 s: float64 steps keep XLA's
-  default (as does every compile of a process that has not asked: ``import snnjax`` sets nothing);
-- bfloat16 / float16: YNNPACK does not take these convolutions; the option leaves their programs unchanged.
+- float32: YNNPACK by default; Eigen is as fast for the forward and the input gradient and 2x faster for the
+  weight gradient (CIFAR10DVSVGG's eight layers at N*T = 32: forward 1069 vs 1046 ms, input gradient 1105 vs
+  1075 ms, weight gradient 2358 vs 1168 ms, YNNPACK vs Eigen), so float32 steps compile with YNNPACK's
+  convolutions off (``CPU_CONV_OPTIONS``);
+- float64: YNNPACK by default; Eigen has no float64 convolution (XLA falls back to a plain loop: a 3x3 conv
+  ``[60, 48, 48, 64] -> 128`` takes 5.3 s against 0.4 s), so float64 steps keep XLA's default;
+- bfloat16 / float16: XLA:CPU converts their convolutions (forward and both gradients) to float32, which YNNPACK
+  then takes by default: they compile as float32 does.
+
+No form of the convolution gets Eigen under XLA's default options (so plain ``jax.jit`` without the options pays
+YNNPACK's weight gradient): YNNPACK does not take a 3-D convolution with a unit depth, but Eigen's 3-D path is
+as slow as YNNPACK for the weight gradient (2300 ms above), and a cotangent-as-kernel taller than the input,
+which YNNPACK does not take either, leaves Eigen too (XLA's plain loop, about 20x).
 
 Shapes: ``x [N, H, W, C_in]``, kernel ``[kh, kw, C_in, C_out]`` (NHWC / HWIO, as
 ``nnx.Conv``), output ``[N, H_out, W_out, C_out]``; any strides and explicit or
