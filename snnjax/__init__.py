@@ -12,24 +12,22 @@ Subpackages: ``neurons``, ``layers``, ``models``, ``parallel``, ``train``, ``dat
 ``runtime``; modules ``monitor`` (firing rates) and ``viz`` (plots; needs matplotlib: ``pip install snnjax[viz]``,
 so ``from snnjax import viz`` imports it). The names in each one's ``__all__`` are the public API; every
 module not listed there (``snnjax.train.step``, ``snnjax.neurons.kernels``, ...) is internal and may change.
+
+Importing snnjax changes no process-wide setting (no ``XLA_FLAGS``, no ``jax.config``): the library's compiled
+steps pass their XLA options per compile (``snnjax.layers.conv_cpu.compiler_options``).
 """
-# Before anything else: XLA reads XLA_FLAGS once, when JAX starts (snnjax.xla_options.use_by_default).
-from snnjax import xla_options  # noqa: I001
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
-CPU_CONV_DEFAULT = xla_options.use_by_default()  # plain jax.jit gets the library's CPU convolution runtime
-
-from importlib.metadata import PackageNotFoundError  # noqa: E402
-from importlib.metadata import version as _version  # noqa: E402
-
-from snnjax import data, deploy, interop, layers, models, monitor, neurons, parallel, runtime, train  # noqa: E402, F401
-from snnjax.models.sequential import Sequential  # noqa: E402
-from snnjax.parallel.pipeline_plan import PipelineOptions  # noqa: E402
-from snnjax.train.model_trainer import ModelTrainer, load_model, trainer  # noqa: E402
+from snnjax import data, deploy, interop, layers, models, monitor, neurons, parallel, runtime, train  # noqa: F401
+from snnjax.models.sequential import Sequential
+from snnjax.parallel.pipeline_plan import PipelineOptions
+from snnjax.train.model_trainer import ModelTrainer, load_model, trainer
 
 try:
     __version__ = _version("snnjax")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["CPU_CONV_DEFAULT", "ModelTrainer", "PipelineOptions", "Sequential", "__version__", "data", "deploy",
-           "interop", "layers", "load_model", "models", "monitor", "neurons", "parallel", "runtime", "train", "trainer"]
+__all__ = ["ModelTrainer", "PipelineOptions", "Sequential", "__version__", "data", "deploy", "interop", "layers",
+           "load_model", "models", "monitor", "neurons", "parallel", "runtime", "train", "trainer"]

@@ -16,7 +16,6 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import snnjax
 from snnjax import layers
 from snnjax.layers import conv_cpu
 
@@ -165,10 +164,9 @@ def test_data_parallel_sharding_matches_one_device(x64):
     _close(out, ref, 1e-13)
 
 
-def test_cpu_compiler_options_keep_convolutions_off_ynnpack():
-    """XLA:CPU's own default hands a 3x3 conv of this size to YNNPACK; with ``compiler_options`` it stays on Eigen.
-    ``import snnjax`` makes that option the process default where JAX had not started (``snnjax.CPU_CONV_DEFAULT``;
-    ``tests/test_xla_options.py`` checks both in fresh processes), so here plain jit already keeps it on Eigen.
+def test_cpu_compiler_options_keep_float32_convolutions_off_ynnpack():
+    """XLA:CPU's own default hands a 3x3 conv of this size to YNNPACK; a float32 step's ``compiler_options`` keep it
+    on Eigen, a float64 step's are XLA's default (``tests/test_xla_options.py`` compiles the library's steps).
 
     (Compiled only, never run.) If the first assertion fails, XLA's default changed and the option needs a look.
     """
@@ -179,8 +177,11 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack():
         step = jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, (1, 1), ((1, 1), (1, 1))), x, w),
                        compiler_options=options)
         text = step.lower(x, w).compile().as_text()
-        return [line for line in text.splitlines() if "ynn_fusion" in line and "conv_general_dilated" in line]
+        return [line for line in text.splitlines() if "ynn_fusion" in line and 'conv_general_dilated"' in line]
 
-    assert bool(ynn_convolutions(None)) == (not snnjax.CPU_CONV_DEFAULT)
-    assert conv_cpu.compiler_options("cpu") is not None and conv_cpu.compiler_options("gpu") is None
-    assert not ynn_convolutions(conv_cpu.compiler_options("cpu"))
+    assert ynn_convolutions(None)
+    options = conv_cpu.compiler_options((x, w), "cpu")
+    assert options == conv_cpu.CPU_CONV_OPTIONS and not ynn_convolutions(options)
+    assert conv_cpu.compiler_options((x, w), "gpu") is None
+    assert conv_cpu.compiler_options((x, jnp.float64), "cpu") is None
+    assert conv_cpu.compiler_options({"w": jax.ShapeDtypeStruct((3,), jnp.float64)}, "cpu") is None

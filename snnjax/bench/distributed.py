@@ -207,7 +207,7 @@ def _phase_fns(p, state, cfg, graphdef):
         with layout.context():
             return layout.constrain_grads(jax.grad(loss)(state.params, state.rngs, state.model_state, batch))
 
-    opts = compiler_options(p.mesh.devices.flat[0].platform)
+    opts = compiler_options((state, cfg.compute_dtype), p.mesh.devices.flat[0].platform)
     return jax.jit(forward, compiler_options=opts), jax.jit(grads, compiler_options=opts)
 
 

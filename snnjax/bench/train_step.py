@@ -97,7 +97,7 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrid
                          opt_state=tx.init(params))
     cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum)
     return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
-                   compiler_options=compiler_options()), state
+                   compiler_options=compiler_options((state, cfg.compute_dtype))), state
 
 
 def prepare_ours(model: str, batch: int, t: int, grad_accum: int, warmup: int, conv: str = "auto",
@@ -149,7 +149,7 @@ def config_step(path: str, batch: int, t: int | None, num_classes: int | None, d
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                          opt_state=tx.init(params))
     step = jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
-                   compiler_options=compiler_options())
+                   compiler_options=compiler_options((state, cfg.compute_dtype)))
     info = {"config": path, "model": c.model.name, "dataset": c.data.name, "T": c.data.time_steps,
             "num_classes": kwargs["num_classes"], "example_shape": list(source.example_shape),
             "input_shape": list(data["inputs"].shape), "optimizer": c.optimizer, "loss_kind": c.loss}

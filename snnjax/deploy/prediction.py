@@ -104,7 +104,8 @@ def predict_run(run: RestoredRun, data: str = "test", *, devices: Sequence[jax.D
                     process_index=0, process_count=1, prefetch=0)
     names = [name for name, _ in neurons(run.model)] if dump_spikes else []
     graphdef, state = nnx.split(run.model)
-    forward = jax.jit(_forward, static_argnums=(0, 1, 2), compiler_options=compiler_options(devices[0].platform))
+    options = compiler_options((state, run.step_config.compute_dtype), devices[0].platform)
+    forward = jax.jit(_forward, static_argnums=(0, 1, 2), compiler_options=options)
     state = jax.device_put(state, mesh_lib.replicated(mesh))
     labels, logits, counts = [], [], {k: [] for k in names}
     for i, b in enumerate(loader.epoch_batches(0)):

@@ -24,12 +24,30 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
 - a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
   forward and both gradients (its transposes): no products with padding.
 
-Steps that convolve on the CPU should compile with ``compiler_options(platform)`` (``import snnjax``
-makes it XLA's default too, ``snnjax.xla_options``, so plain ``jax.jit`` gets it):
-XLA:CPU (jax 0.10) hands convolutions to YNNPACK by default, and for these
-shapes its Eigen convolutions are faster (CIFAR10DVSVGG's eight layers at
-N*T = 32, 2-core CPU: forward 290 vs 346 ms, input gradient 314 vs 403 ms,
-weight gradient 356 vs 886 ms).
+Steps that convolve on the CPU compile with ``compiler_options((state, dtype), platform)`` (the library's own
+steps do; pass it as ``jax.jit(..., compiler_options=...)`` when you jit model code yourself: ``import snnjax``
+sets nothing process-wide). It is chosen per compile, from the step's dtypes, because XLA:CPU (jax 0.10) has two
+convolution runtimes and each dtype has its own faster one (2-core CPU, CPU milliseconds of the process, which a
+shared machine's load disturbs less than wall time):
+
+- float32: YNNPACK by default; Eigen is as fast for the forward and the input gradient and 2x faster for the
+  weight gradient (CIFAR10DVSVGG's eight layers at N*T = 32: forward 1069 vs 1046 ms, input gradient 1105 vs
+  1075 ms, weight gradient 2358 vs 1168 ms, YNNPACK vs Eigen), so float32 steps compile with YNNPACK's
+  convolutions off (``CPU_CONV_OPTIONS``);
+- float64: YNNPACK by default; Eigen has no float64 convolution (XLA falls back to a plain loop: a 3x3 conv
+  ``[60, 48, 48, 64] -> 128`` takes 5.3 s against 0.4 s), so float64 steps keep XLA's default;
+- bfloat16 / float16: XLA:CPU converts their convolutions (forward and both gradients) to float32, which YNNPACK
+  then takes by default: they compile as float32 does.
+
+The whole CIFAR10DVSVGG train step (``python -m snnjax.bench.plain_jit``, load average 10-17): float32, N = 8, T = 4:
+24.5 s with XLA's default against 15.2 s with these options (CPU time 5.3 / 3.8 s); float64, N = 2, T = 2, 16 x 16:
+0.66 s with XLA's default (what it now gets) against 9.8 s with the Eigen option (what ``import snnjax`` used to
+set for every compile; CPU time 0.30 / 5.0 s).
+
+No form of the convolution gets Eigen under XLA's default options (so plain ``jax.jit`` without the options pays
+YNNPACK's weight gradient): YNNPACK does not take a 3-D convolution with a unit depth, but Eigen's 3-D path is
+as slow as YNNPACK for the weight gradient (2300 ms above), and a cotangent-as-kernel taller than the input,
+which YNNPACK does not take either, leaves Eigen too (XLA's plain loop, about 20x).
 
 Shapes: ``x [N, H, W, C_in]``, kernel ``[kh, kw, C_in, C_out]`` (NHWC / HWIO, as
 ``nnx.Conv``), output ``[N, H_out, W_out, C_out]``; any strides and explicit or
@@ -44,21 +62,32 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from snnjax.xla_options import CPU_CONV_OPTIONS
-
 _DN = ("NHWC", "HWIO", "NHWC")
 Padding = str | Sequence[tuple[int, int]]
 
-_CPU_OPTIONS = CPU_CONV_OPTIONS  # the YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less convolutions
+# The YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less its convolutions.
+CPU_CONV_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
 
-def compiler_options(platform: str | None = None) -> dict[str, str] | None:
-    """``jax.jit(..., compiler_options=...)`` for steps that convolve on ``platform`` (default: JAX's backend).
+def compiler_options(arrays, platform: str | None = None) -> dict[str, str] | None:
+    """``jax.jit(..., compiler_options=...)`` for a step over ``arrays`` compiled for ``platform`` (default: JAX's).
 
-    On the CPU: convolutions on XLA's Eigen runtime rather than YNNPACK (see the module docstring);
-    elsewhere ``None``.
+    ``arrays``: a pytree of what sets the step's dtypes: arrays, ``jax.ShapeDtypeStruct`` or dtypes (e.g.
+    ``(state, cfg.compute_dtype)``). Returns ``CPU_CONV_OPTIONS`` (convolutions on XLA's Eigen runtime) on the
+    CPU when none of them is float64; otherwise ``None``, XLA's default (the module docstring has the measurements).
     """
-    return dict(_CPU_OPTIONS) if (platform or jax.default_backend()) == "cpu" else None
+    if (platform or jax.default_backend()) != "cpu" or any(map(_is_float64, jax.tree.leaves(arrays))):
+        return None
+    return dict(CPU_CONV_OPTIONS)
+
+
+def _is_float64(leaf) -> bool:
+    """Whether ``leaf`` (an array, a ``ShapeDtypeStruct`` or a dtype) is float64; False for anything else."""
+    try:
+        return jnp.dtype(getattr(leaf, "dtype", leaf)) == jnp.float64
+    except TypeError:
+        return False
 
 
 def _forward(x, w, strides, padding, precision, out_dtype):

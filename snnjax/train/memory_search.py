@@ -223,10 +223,12 @@ def step_compiler(model, cfg, tx, batch: dict[str, Any], *, analysis_only: bool 
         state = abstract_state(model, tx)
         shardings = offload_lib.state_shardings(state, candidate.offload)
         step_fn = offload_lib.wrap_step(functools.partial(train_step, cfg, graphdef, tx), candidate.offload)
+        options = {**(compiler_options((state, cfg.compute_dtype)) or {}),
+                   **(ANALYSIS_OPTIONS if analysis_only else {})}
         step = jax.jit(step_fn, donate_argnums=0,
                        in_shardings=(shardings, None) if shardings is not None else None,
                        out_shardings=(shardings, None) if shardings is not None else None,
-                       compiler_options={**(compiler_options() or {}), **(ANALYSIS_OPTIONS if analysis_only else {})})
+                       compiler_options=options)
         return step.lower(state, batch).compile()
 
     return compile_for

@@ -59,7 +59,7 @@ def plan_step(p: Plan, state, cfg: StepConfig, graphdef: nnx.GraphDef, tx: optax
     step = jax.jit(offload_lib.wrap_step(step_fn, offload),
                    in_shardings=(shardings, batch_shardings), out_shardings=(shardings, None),
                    donate_argnums=(0,) if donate else (),
-                   compiler_options={**(_compiler_options(p) or {}), **(compiler_options or {})} or None)
+                   compiler_options={**(_compiler_options(p, state, cfg) or {}), **(compiler_options or {})} or None)
     return shardings, step
 
 
@@ -70,9 +70,10 @@ def eval_fn(p: Plan, state: TrainState, cfg: StepConfig, graphdef: nnx.GraphDef)
     if offload_lib.HOST_KIND in on_host and not p.streams_params:
         p = p.with_offload("params")
     return jax.jit(functools.partial(eval_step, cfg, graphdef, layout=p.step_layout(state.params)),
-                   compiler_options=_compiler_options(p))
+                   compiler_options=_compiler_options(p, state, cfg))
 
 
-def _compiler_options(p: Plan) -> dict[str, str] | None:
-    """XLA options for the plan's devices (the convolution runtime on CPUs: ``conv_cpu.compiler_options``)."""
-    return compiler_options(p.mesh.devices.flat[0].platform if p.mesh is not None else None)
+def _compiler_options(p: Plan, state, cfg: StepConfig) -> dict[str, str] | None:
+    """XLA options for the step of ``state`` in ``cfg.compute_dtype`` on the plan's devices (the convolution
+    runtime on CPUs, by dtype: ``conv_cpu.compiler_options``)."""
+    return compiler_options((state, cfg.compute_dtype), p.mesh.devices.flat[0].platform if p.mesh is not None else None)
