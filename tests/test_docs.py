@@ -8,14 +8,10 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 RUN = "run by tests/test_docs.py"
-# A block right after this comment uses the SpikingJelly-named zoo constructors (snnjax.models.sew_resnet18, ...).
-ZOO_API = "<!-- api: h-models -->"
 FENCE = re.compile(r"^```(\w*)(.*)$")
 TITLE = re.compile(r'title="([^"]*)"')
 COMMAND_LANGS = {"python", "bash", "console", "sh", "shell"}
@@ -93,9 +89,8 @@ def test_the_readme_quickstart_is_the_example_the_tests_run():
     assert quickstart["code"] == body, "keep the README's quickstart equal to examples/quickstart.py (less noqa)"
 
 
-def runnable(needs_zoo_api: bool) -> list[tuple[str, str]]:
-    return [(where(path, b), b["code"]) for path in PAGES for b in blocks(path)
-            if b["title"] == RUN and (b["after"].strip() == ZOO_API) == needs_zoo_api]
+def runnable() -> list[tuple[str, str]]:
+    return [(where(path, b), b["code"]) for path in PAGES for b in blocks(path) if b["title"] == RUN]
 
 
 # Each block in its own namespace and working directory; one JAX start for all of them.
@@ -121,15 +116,6 @@ def run_blocks(snippets: list[tuple[str, str]]) -> None:
 
 
 def test_the_docs_python_blocks_run():
-    snippets = runnable(needs_zoo_api=False)
-    assert len(snippets) >= 5, [label for label, _ in snippets]
-    run_blocks(snippets)
-
-
-def test_the_zoo_blocks_run():
-    snippets = runnable(needs_zoo_api=True)
-    assert snippets
-    # Read, not imported: importing the zoo in the test process would cost seconds for one name.
-    if '"sew_resnet18"' not in (ROOT / "snnjax" / "models" / "__init__.py").read_text():
-        pytest.skip("the SpikingJelly-named zoo constructors are not in snnjax.models yet (api: h-models)")
+    snippets = runnable()
+    assert len(snippets) >= 6, [label for label, _ in snippets]
     run_blocks(snippets)
