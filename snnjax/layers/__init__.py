@@ -3,8 +3,8 @@ from snnjax.layers.batchnorm import BatchNorm
 from snnjax.layers.connect import CONNECTS, sew_connect
 from snnjax.layers.conv import Flatten, conv2d, flatten_features, linear, linear_general
 from snnjax.layers.dropout import dropout
-from snnjax.layers.pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d
+from snnjax.layers.pooling import AvgPool2d, MaxPool2d, adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from snnjax.layers.voting import vote
 
-__all__ = ["CONNECTS", "AvgPool2d", "BatchNorm", "Flatten", "MaxPool2d", "avg_pool2d", "conv2d", "dropout",
-           "flatten_features", "linear", "linear_general", "max_pool2d", "sew_connect", "vote"]
+__all__ = ["CONNECTS", "AvgPool2d", "BatchNorm", "Flatten", "MaxPool2d", "adaptive_avg_pool2d", "avg_pool2d",
+           "conv2d", "dropout", "flatten_features", "linear", "linear_general", "max_pool2d", "sew_connect", "vote"]
