@@ -107,10 +107,10 @@ class MSResNet(nnx.Module):
     FIRST_STAGE_STRIDE = 2
     POOL_TRANSITIONS = False  # Max-ResNet: transition blocks pool instead of striding conv1
 
-    def __init__(self, *, T: int = 6, in_channels: int = 3, num_classes: int = 1000,
+    def __init__(self, T: int = 6, in_channels: int = 3, num_classes: int = 1000,
                  layers: Sequence[int] = (2, 2, 2, 2), base_channels: int = 64, stem_kernel_size: int = 7,
                  stem_stride: int = 2, stem_pool: bool = False, stage_channels: Sequence[int] | None = None,
-                 spiking_neuron: type[BaseNode] | str | None = None, rngs: nnx.Rngs | None = None, dtype=None,
+                 spiking_neuron: type[BaseNode] | str | None = None, *, rngs: nnx.Rngs | None = None, dtype=None,
                  param_dtype=None, **kwargs):
         stage_blocks = tuple(layers)
         if len(stage_blocks) not in (3, 4) or min(stage_blocks) < 1:

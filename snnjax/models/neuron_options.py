@@ -58,7 +58,8 @@ def _check_keywords(cls: type[BaseNode], kwargs: Mapping[str, Any], model: str) 
         if key not in params or key == "self":
             hint = f" ({_HINTS[key]})" if key in _HINTS else ""
             allowed = sorted(k for k in params if k != "self")
-            raise ValueError(f"{model}: {cls.__name__} takes no keyword {key!r}{hint}; its keywords: {allowed}")
+            raise ValueError(f"{model} takes no keyword {key!r}{hint}: it is neither the model's nor a keyword of "
+                             f"{cls.__name__}, the neuron it builds (whose keywords are {allowed})")
     if kwargs.get("step_mode", "m") != "m":
         raise ValueError(f"{model}: step_mode={kwargs['step_mode']!r}; the zoo's neurons are multi-step "
                          "(step_mode='m', input [T, N, ...])")

@@ -117,10 +117,10 @@ class QKFormer(nnx.Module):
     (SpikingJelly's: ``out.mean(0)``). SpikingJelly's keywords; ``spiking_neuron`` and ``**kwargs`` (the neuron
     keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
 
-    def __init__(self, *, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
+    def __init__(self, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
                  num_heads: Sequence[int] = (3, 6, 6), depths: Sequence[int] = (1, 2, 7), mlp_ratio: float = 4.0,
                  qka_type: str = "token", spiking_neuron: type[BaseNode] | str | None = None,
-                 rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
+                 *, rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         num_heads, depths = tuple(num_heads), tuple(depths)
         if len(num_heads) != 3 or len(depths) != 3:
             raise ValueError(f"num_heads and depths take one value per stage (three each), got {num_heads}, {depths}")

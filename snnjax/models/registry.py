@@ -74,8 +74,9 @@ def register(name: str, build: Callable[..., nnx.Module], sizes: Callable[[DataS
     holds a typed placeholder the command line can set). A constructor taking ``**kwargs`` (the neuron keywords,
     ``snnjax.models.neuron_options``) gets the config keys ``KEYWORD_TYPES``.
     """
-    if name in REGISTRY:
-        raise ValueError(f"model {name!r} is registered twice")
+    old = REGISTRY.get(name)
+    if old is not None and (old.build.__module__, old.build.__qualname__) != (build.__module__, build.__qualname__):
+        raise ValueError(f"model {name!r} is already registered by {old.build.__module__}.{old.build.__qualname__}")
     REGISTRY[name] = ModelEntry(build, sizes, tuple(size_keys), dict(defaults or {}), dict(option_types or {}))
 
 

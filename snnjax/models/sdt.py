@@ -114,10 +114,10 @@ class SpikeDrivenTransformer(nnx.Module):
     (SpikingJelly's: ``out.mean(0)``). SpikingJelly's keywords; ``spiking_neuron`` and ``**kwargs`` (the neuron
     keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
 
-    def __init__(self, *, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
+    def __init__(self, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
                  num_heads: int = 8, depths: int = 8, mlp_ratio: float = 4.0, pooling_stat: str = "1111",
                  spiking_neuron: type[BaseNode] | str | None = None,
-                 rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
+                 *, rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         if len(pooling_stat) != 4 or set(pooling_stat) - {"0", "1"}:
             raise ValueError(f"pooling_stat must be four characters 0/1 (which patch stages pool), "
                              f"got {pooling_stat!r}")

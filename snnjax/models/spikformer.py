@@ -98,10 +98,10 @@ class Spikformer(nnx.Module):
     default ``nnx.Rngs(0)``.
     """
 
-    def __init__(self, *, T: int = 4, in_channels: int = 3, img_size_h: int = 224, img_size_w: int = 224,
+    def __init__(self, T: int = 4, in_channels: int = 3, img_size_h: int = 224, img_size_w: int = 224,
                  patch_size: int = 16, num_classes: int = 1000, embed_dims: int = 256, num_heads: int = 8,
                  mlp_ratio: float = 4.0, depths: int = 4, spiking_neuron: type[BaseNode] | str | None = None,
-                 rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
+                 *, rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         if patch_size not in (4, 16):
             raise ValueError(f"patch_size must be 4 or 16 (the stem pools in its last 2 or all 4 stages), "
                              f"got {patch_size}")
