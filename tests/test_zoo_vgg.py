@@ -75,7 +75,7 @@ def test_bad_arguments_name_the_problem():
         models.spiking_vgg11(pretrained=True, spiking_neuron=neurons.IFNode)
     with pytest.raises(ValueError, match="norm_layer"):
         models.spiking_vgg11_bn(norm_layer=nnx.BatchNorm, spiking_neuron=neurons.IFNode)
-    with pytest.raises(ValueError, match="IFNode takes no keyword 'tau'"):
+    with pytest.raises(ValueError, match="SpikingVGG takes no keyword 'tau'"):
         models.spiking_vgg13(spiking_neuron=neurons.IFNode, tau=2.0)
     with pytest.raises(ValueError, match="model.cfg"):
         SpikingVGG(cfg=("M", 8), spiking_neuron="IF")
