@@ -118,10 +118,15 @@ def test_matches_spikingjelly(name, x64):
     with np.load(FIXTURE) as f:
         arrays = {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith(f"{name}/")}
     kwargs = {k: parse_surrogate(v) if k == "surrogate_function" else v for k, v in meta["kwargs"].items()}
-    # SpikingJelly's constructor call; its dropouts were off (p = 0) for the train forward
-    model = getattr(models, meta["constructor"])(spiking_neuron=getattr(neurons, meta["spiking_neuron"]),
-                                                 num_classes=meta["num_classes"], dropout=0.0, **kwargs)
+    kwargs.update(spiking_neuron=getattr(neurons, meta["spiking_neuron"]), dropout=0.0)  # SpikingJelly's were off
+    # SpikingJelly's constructor call, abstract: its ~130M parameters come from the import (drawing random ones
+    # first would take as long); its other state (dropout RNG streams, scalar membrane potentials) is that of the
+    # same model at width 1, the same tree
+    model = _abstract(meta["constructor"], num_classes=meta["num_classes"], **kwargs)
     report = import_state_dict(model, regenerate(meta), dtype=jnp.float64)
+    narrow = SpikingVGG(tuple(v if v == "M" else 1 for v in model.cfg), model.batch_norm, hidden_features=1,
+                        num_classes=1, **kwargs)
+    nnx.update(model, nnx.state(narrow, nnx.Not(nnx.Any(nnx.Param, nnx.BatchStat))))
     path_of = {i.key: i.path for i in report.imported}
     x = jnp.asarray(arrays["x"].transpose(0, 1, 3, 4, 2))  # [T, N, C, H, W] -> [T, N, H, W, C]
     labels = jnp.asarray(arrays["labels"])
