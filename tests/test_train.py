@@ -138,7 +138,8 @@ SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)
           "sdt": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
           "qkformer": ["--config.model.embed_dims=16", "--config.model.num_heads=(2,2,2)",
                        "--config.model.depths=(1,1,1)"],
-          "ms_resnet18": ["--config.model.base_channels=4", "--config.model.layers=(1,1,1)"]}
+          "ms_resnet18": ["--config.model.base_channels=4", "--config.model.layers=(1,1,1)"],
+          "spiking_vgg11_bn": ["--config.model.cfg=(4,'M',8,'M',8,'M',8,'M')", "--config.model.hidden_features=8"]}
 _TRANSFORMER_16x16 = {"in_channels": 2, "num_classes": 10, "T": 2}
 SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "cifar10dvs_vgg": {"in_channels": 2, "image_size": 16, "num_classes": 10},
@@ -146,7 +147,8 @@ SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "spiking_resnet18": {"in_channels": 2, "num_classes": 10}, "sew_resnet18": {"in_channels": 2,
                                                                                           "num_classes": 10},
                "dvsgesture_net": {"in_channels": 2, "image_size": 16, "num_classes": 10},
-               "sdt": _TRANSFORMER_16x16, "qkformer": _TRANSFORMER_16x16, "ms_resnet18": _TRANSFORMER_16x16}
+               "sdt": _TRANSFORMER_16x16, "qkformer": _TRANSFORMER_16x16, "ms_resnet18": _TRANSFORMER_16x16,
+               "spiking_vgg11_bn": {"in_channels": 2, "num_classes": 10}}
 
 
 def num_params(model_name: str, model_options: dict) -> int:
@@ -184,7 +186,7 @@ def train_in_process(workdir, *overrides, config="digits") -> subprocess.Complet
 # configs of its family (same model code, another dataset or recipe) are built in this process, without
 # compiling (the suite's time).
 TRAINED = ("digits", "ncaltech101_vgg", "spikformer_ti", "imagenet_sew_resnet18", "dvsgesture_plif",
-           "cifar10dvs_sdt", "imagenet_qkformer", "cifar10_ms_resnet18")
+           "cifar10dvs_sdt", "imagenet_qkformer", "cifar10_ms_resnet18", "cifar10_spiking_vgg11_bn")
 SMALL = ["--config.num_steps=2", "--config.eval_every_steps=2", "--config.global_batch_size=8",
          "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16"]
 

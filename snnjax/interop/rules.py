@@ -46,6 +46,7 @@ from snnjax.models import (
     ResNet,
     SpikeDrivenTransformer,
     Spikformer,
+    SpikingVGG,
 )
 
 # Kind -> its LayerRule, a function of the model (flat_linear's permutes by ``model.feature_shape``, (H, W, C)).
@@ -103,6 +104,25 @@ def vgg(pools: Sequence[bool]) -> list[Rule]:
         table += [Rule(rf"features\.{i}\.proj_bn\.{int(pool)}", f"features.{i}.conv", "conv"),
                   Rule(rf"features\.{i}\.proj_bn\.{int(pool) + 1}", f"features.{i}.bn", "bn")]
     return table + [Rule(r"classifier\.\d+", "classifier", "flat_linear")]
+
+
+def spiking_vgg(cfg: Sequence[int | str], batch_norm: bool) -> list[Rule]:
+    """SpikingVGG: torch's ``features`` Sequential holds ``Conv2d, [BatchNorm2d,] neuron`` per width of ``cfg`` and
+    a ``MaxPool2d`` per ``"M"`` (conv block ``j`` here), ``classifier`` holds ``Linear, neuron, Dropout, Linear,
+    neuron, Dropout, Linear``."""
+    table, t, j = [], 0, 0
+    for v in cfg:
+        if v == "M":
+            t += 1
+            continue
+        table += [Rule(rf"features\.{t}", f"features.{j}.conv", "conv")]
+        if batch_norm:
+            table += [Rule(rf"features\.{t + 1}", f"features.{j}.bn", "bn")]
+        table += [Rule(rf"features\.{t + 1 + batch_norm}", f"features.{j}.neuron", "neuron")]
+        t, j = t + 2 + batch_norm, j + 1
+    return table + [Rule(r"classifier\.0", "fc1", "flat_linear"), Rule(r"classifier\.1", "sn1", "neuron"),
+                    Rule(r"classifier\.3", "fc2", "linear"), Rule(r"classifier\.4", "sn2", "neuron"),
+                    Rule(r"classifier\.6", "fc3", "linear")]
 
 
 SPIKFORMER = [
@@ -211,4 +231,5 @@ TABLES: dict[type, Callable[[nnx.Module], Sequence[Rule]]] = {
     ParametricLIFNet: lambda m: parametric_lif_net(len(m.features)),
     SpikeDrivenTransformer: lambda m: SDT,
     QKFormer: lambda m: QKFORMER,
+    SpikingVGG: lambda m: spiking_vgg(m.cfg, m.batch_norm),
 }

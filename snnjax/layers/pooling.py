@@ -16,6 +16,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -29,6 +30,28 @@ def avg_pool2d(x: jax.Array, kernel_size: int, stride: int | None = None) -> jax
     dims, strides = _window(x, kernel_size, stride or kernel_size)
     total = jax.lax.reduce_window(x, 0.0, jax.lax.add, dims, strides, "VALID")
     return total / (kernel_size * kernel_size)
+
+
+def adaptive_avg_pool2d(x: jax.Array, output_size: int | tuple[int, int]) -> jax.Array:
+    """torch's ``AdaptiveAvgPool2d``: ``[..., H, W, C] -> [..., oh, ow, C]``.
+
+    Output row ``i`` is the mean of input rows ``floor(i * H / oh)`` to ``ceil((i + 1) * H / oh) - 1`` (columns
+    likewise): windows of unequal sizes that may overlap; ``H < oh`` repeats rows (a 1 x 1 map fills every cell).
+    """
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    h, w = x.shape[-3], x.shape[-2]
+    if (h, w) == (oh, ow):
+        return x
+    return jnp.einsum("...hwc,ih,jw->...ijc", x, _bin_means(h, oh, x.dtype), _bin_means(w, ow, x.dtype))
+
+
+def _bin_means(size: int, out: int, dtype) -> jax.Array:
+    """``[out, size]``: row ``i`` averages adaptive window ``i`` of an axis of ``size`` cells."""
+    m = np.zeros((out, size))
+    for i in range(out):
+        lo, hi = (i * size) // out, -((-(i + 1) * size) // out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return jnp.asarray(m, dtype)
 
 
 def max_pool2d(x: jax.Array, kernel_size: int, stride: int | None = None, padding: int = 0) -> jax.Array:

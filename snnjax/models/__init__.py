@@ -8,7 +8,8 @@ instead; the trainer's losses average over ``T`` for every model alike.
 Constructors (SpikingJelly's names and keywords): ``spiking_resnet18/34/50``, ``sew_resnet18/34/50``
 (``cnf=``), ``ms_resnet18/34``, ``max_resnet18``, ``MSResNet``, ``MaxResNet``, ``DVSGestureNet``,
 ``CIFAR10DVSNet``, ``NMNISTNet``, ``SpikeDrivenTransformer``, ``sdt_8_384``, ``QKFormer``, ``qkformer_10_384``,
-``Spikformer``, ``spikformer_ti``, ``spikformer_s``, ``CIFAR10DVSVGG``; snnjax's ``SpikingMLP`` and
+``Spikformer``, ``spikformer_ti``, ``spikformer_s``, ``CIFAR10DVSVGG``, ``SpikingVGG``,
+``spiking_vgg11/13/16/19`` and ``_bn``; snnjax's ``SpikingMLP`` and
 ``Sequential``. Each takes ``spiking_neuron`` (a ``snnjax.neurons`` class, or as a config convenience its name
 ``"IF"`` / ``"LIF"`` / ``"PLIF"``) and the neuron keywords as ``**kwargs``, built as SpikingJelly builds them
 (``snnjax.models.neuron_options``), and ``rngs`` (default ``nnx.Rngs(0)``), ``dtype``, ``param_dtype``.
@@ -35,10 +36,22 @@ from snnjax.models.resnet import (
 from snnjax.models.sdt import SpikeDrivenTransformer, sdt_8_384
 from snnjax.models.sequential import Sequential
 from snnjax.models.spikformer import Spikformer, spikformer_s, spikformer_ti
+from snnjax.models.spiking_vgg import (
+    SpikingVGG,
+    spiking_vgg11,
+    spiking_vgg11_bn,
+    spiking_vgg13,
+    spiking_vgg13_bn,
+    spiking_vgg16,
+    spiking_vgg16_bn,
+    spiking_vgg19,
+    spiking_vgg19_bn,
+)
 from snnjax.models.vgg import CIFAR10DVSVGG
 
 __all__ = ["CIFAR10DVSNet", "CIFAR10DVSVGG", "DVSGestureNet", "MSResNet", "MaxResNet", "NMNISTNet", "ParametricLIFNet",
            "QKFormer", "REGISTRY", "ResNet", "Sequential", "SpikeDrivenTransformer", "Spikformer", "SpikingMLP",
-           "create_model", "max_resnet18", "ms_resnet18", "ms_resnet34", "qkformer_10_384", "sdt_8_384",
+           "SpikingVGG", "create_model", "max_resnet18", "ms_resnet18", "ms_resnet34", "qkformer_10_384", "sdt_8_384",
            "sew_resnet18", "sew_resnet34", "sew_resnet50", "spikformer_s", "spikformer_ti", "spiking_resnet18",
-           "spiking_resnet34", "spiking_resnet50"]
+           "spiking_resnet34", "spiking_resnet50", "spiking_vgg11", "spiking_vgg11_bn", "spiking_vgg13",
+           "spiking_vgg13_bn", "spiking_vgg16", "spiking_vgg16_bn", "spiking_vgg19", "spiking_vgg19_bn"]
