@@ -6,7 +6,8 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("spiking_resnet18", neuron="IF")
+    c.model = model_config("spiking_resnet18", spiking_neuron="IF",
+                           detach_reset=True, surrogate_function="atan")
     c.data.name = "cifar10"
     c.data.data_dir = "~/tensorflow_datasets"
     c.data.time_steps = 32

@@ -6,7 +6,8 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("sew_resnet18", cnf="ADD", neuron="PLIF")
+    c.model = model_config("sew_resnet18", cnf="ADD", spiking_neuron="PLIF",
+                           detach_reset=True, surrogate_function="atan")
     c.data.name = "cifar10dvs"
     c.data.data_dir = "data/cifar10dvs"  # <class name>/*.aedat; frames are cached beside them
     c.data.time_steps = 16

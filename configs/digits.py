@@ -5,7 +5,7 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("mlp", hidden=(256,), tau=2.0)
+    c.model = model_config("mlp", hidden=(256,))  # LIF tau 2, detach_reset
     c.data.name = "digits"
     c.data.time_steps = 4
     c.global_batch_size = 64

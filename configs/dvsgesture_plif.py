@@ -7,7 +7,8 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("dvsgesture_net", neuron="PLIF")  # 5 x Conv-BN-PLIF-MaxPool, 128 channels
+    c.model = model_config("dvsgesture_net", spiking_neuron="PLIF",
+                           detach_reset=True, surrogate_function="atan")  # 5 x Conv-BN-PLIF-MaxPool, 128 channels
     c.data.name = "dvs128_gesture"
     c.data.data_dir = "data/dvs128_gesture"
     c.data.time_steps = 16

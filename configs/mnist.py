@@ -5,7 +5,7 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("mlp", hidden=(800,), tau=2.0)
+    c.model = model_config("mlp", hidden=(800,))  # LIF tau 2, detach_reset
     c.data.name = "mnist"
     c.data.data_dir = "~/tensorflow_datasets"
     c.data.time_steps = 8

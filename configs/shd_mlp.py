@@ -5,7 +5,7 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("mlp", hidden=(256, 256), neuron="LIF", tau=2.0, batch_norm=True)
+    c.model = model_config("mlp", hidden=(256, 256), batch_norm=True)  # LIF tau 2
     c.data.name = "shd"
     c.data.data_dir = "data/shd"  # shd_train.h5, shd_test.h5
     c.data.time_steps = 20

@@ -5,7 +5,7 @@ from snnjax.train.config import base_config
 
 def get_config():
     c = base_config()
-    c.model = model_config("mlp", hidden=(256, 256), neuron="LIF", tau=2.0, batch_norm=True)
+    c.model = model_config("mlp", hidden=(256, 256), batch_norm=True)  # LIF tau 2
     c.data.name = "ssc"
     c.data.data_dir = "data/ssc"  # ssc_train.h5, ssc_valid.h5, ssc_test.h5 (train and test are used)
     c.data.time_steps = 20

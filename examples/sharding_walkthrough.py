@@ -34,7 +34,8 @@ print(jax.device_count(), "devices:", jax.devices()[0].platform)
 # never cuts a head in two.
 
 # %%
-model = Spikformer(T=2, img_size=32, in_channels=2, num_classes=10, embed_dims=32, num_heads=4, depths=1,
+model = Spikformer(T=2, img_size_h=32,
+                   img_size_w=32, in_channels=2, num_classes=10, embed_dims=32, num_heads=4, depths=1,
                    mlp_ratio=2, rngs=nnx.Rngs(0))
 info = parallel.analyze(model)
 print(f"{info['num_params']:,} parameters, {len(info['neurons'])} neurons")

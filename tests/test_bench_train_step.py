@@ -29,7 +29,7 @@ def test_main_writes_a_record(tmp_path):
     ("spikformer_ti", dict(embed_dims=16, num_heads=2, depths=1, mlp_ratio=2.0)),
     ("sew_resnet18", dict(widths=(2, 2, 2, 2), stage_blocks=(1, 1, 1, 1))),
     ("dvsgesture_plif", dict(channels=2, hidden_features=4)),
-    ("ms_resnet18", dict(base_channels=2, stage_blocks=(1, 1, 1, 1))),
+    ("ms_resnet18", dict(base_channels=2, layers=(1, 1, 1, 1))),
 ])
 def test_tiny_models_run_one_step(model, overrides):
     res = bench.time_ours(model, 2, 2, 1, steps=1, warmup=1, **overrides)

@@ -157,7 +157,8 @@ def test_import_errors_name_the_problem():
 
 def test_spikformer_import_covers_every_variable():
     sd = _init_state_dict("spikformer")
-    model = nnx.eval_shape(lambda: Spikformer(T=3, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=2,
+    model = nnx.eval_shape(lambda: Spikformer(T=3, img_size_h=32,
+                                              img_size_w=32, num_classes=10, embed_dims=32, num_heads=4, depths=2,
                                               rngs=nnx.Rngs(0)))
     import_state_dict(model, sd)
     np.testing.assert_allclose(model.blocks[1].attn.qkv.fc.kernel[...],  # [D, 3D] split as [D, 3, heads, head_dim]

@@ -36,8 +36,9 @@ def test_spikformer_presets_and_shapes():
     assert ti.head.kernel.shape == (256, 1000) and len(ti.blocks) == 4 and ti.blocks[0].attn.num_heads == 8
     s = nnx.eval_shape(lambda: spikformer_s(rngs=nnx.Rngs(0)))
     assert s.head.kernel.shape == (384, 1000) and len(s.blocks) == 6 and s.blocks[0].attn.num_heads == 12
-    model = Spikformer(T=2, img_size=32, num_classes=10, embed_dims=32, num_heads=4, depths=1, rngs=nnx.Rngs(0))
-    assert model.blocks[0].attn.attn_neuron.v_threshold == 0.5
+    model = Spikformer(T=2, img_size_h=32,
+                       img_size_w=32, num_classes=10, embed_dims=32, num_heads=4, depths=1, rngs=nnx.Rngs(0))
+    assert model.blocks[0].attn.attn_lif.v_threshold == 0.5
     image = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
     forward = nnx.jit(lambda m, x: m(x))
     assert forward(model, image).shape == (2, 2, 10)  # static image repeated T times
@@ -47,13 +48,13 @@ def test_spikformer_presets_and_shapes():
 def test_spikformer_rejects_bad_sizes():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         Spikformer(embed_dims=32, num_heads=3, depths=1, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="patch_size must be 16"):
+    with pytest.raises(ValueError, match="patch_size must be 4 or 16"):
         Spikformer(patch_size=8, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("neuron", ["IF", "LIF", "PLIF"])
 def test_mlp_trains_a_step(neuron):
-    model = SpikingMLP(64, (32,), 10, neuron=neuron, batch_norm=True, rngs=nnx.Rngs(0))
+    model = SpikingMLP(64, (32,), 10, spiking_neuron=neuron, batch_norm=True, rngs=nnx.Rngs(0))
     x = jax.random.uniform(jax.random.key(0), (4, 8, 8, 8, 1)) * 3
     labels = jnp.arange(8) % 10
 
@@ -63,5 +64,5 @@ def test_mlp_trains_a_step(neuron):
 
     grads = nnx.jit(nnx.grad(loss))(model)
     assert float(jnp.abs(grads["fcs"][0]["kernel"][...]).sum()) > 0  # surrogate gradients reach the first layer
-    with pytest.raises(ValueError, match="neuron must be one of"):
-        SpikingMLP(4, (4,), 2, neuron="Izhikevich", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="spiking_neuron='Izhikevich' is not a neuron name"):
+        SpikingMLP(4, (4,), 2, spiking_neuron="Izhikevich", rngs=nnx.Rngs(0))

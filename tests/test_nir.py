@@ -9,19 +9,20 @@ import nir
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import gesture_sequential
 from test_streaming import F64, build, randomize_batch_norm
 
 from snnjax import layers
 from snnjax.deploy.graph import UnsupportedModelError
 from snnjax.interop.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
-from snnjax.models.sequential import Sequential, dvs_gesture_net
+from snnjax.models.sequential import Sequential
 from snnjax.neurons import ATan
 
 
 def gesture_net():
-    net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="avg", rngs=nnx.Rngs(2),
-                          **F64)
+    net = gesture_sequential((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="avg",
+                             rngs=nnx.Rngs(2), **F64)
     randomize_batch_norm(net)
     net.layers[10].kernel[...] = 4.0 * np.asarray(net.layers[10].kernel[...])  # the hidden layer: drive to fire
     return net, (4, 2, 16, 16, 2), 3.0
@@ -69,7 +70,7 @@ def test_round_trip_through_a_nir_file_reproduces_outputs(x64, tmp_path, name):
 
 
 def test_neuron_parameters_and_training_settings_travel(tmp_path):
-    model = SpikingMLP(4, (3,), 2, neuron="IF", v_threshold=0.7, v_reset=-0.1, surrogate_function=ATan(3.0),
+    model = SpikingMLP(4, (3,), 2, spiking_neuron="IF", v_threshold=0.7, v_reset=-0.1, surrogate_function=ATan(3.0),
                        detach_reset=True, rngs=nnx.Rngs(0))
     graph = to_nir(model, (4,))
     node = graph.nodes["neurons_0"]
@@ -85,7 +86,8 @@ def test_neuron_parameters_and_training_settings_travel(tmp_path):
 def test_what_nir_cannot_carry_is_refused():
     with pytest.raises(NIRError, match="soft reset"):
         to_nir(SpikingMLP(4, (3,), 2, v_reset=None, rngs=nnx.Rngs(0)), (4,))
-    maxpool = dvs_gesture_net((8, 8, 2), channels=2, num_classes=2, blocks=1, hidden=4, pool="max", rngs=nnx.Rngs(0))
+    maxpool = gesture_sequential((8, 8, 2), channels=2, num_classes=2, blocks=1, hidden=4, pool="max",
+                                 rngs=nnx.Rngs(0))
     with pytest.raises(NIRError, match="no max pooling node"):
         to_nir(maxpool, (8, 8, 2))
     with pytest.raises(UnsupportedModelError, match="attention"):

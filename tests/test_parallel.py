@@ -29,7 +29,8 @@ def abstract(fn):
 
 
 def tiny_spikformer(heads=8, dims=32):
-    return abstract(lambda: Spikformer(T=2, img_size=32, in_channels=2, num_classes=10, embed_dims=dims,
+    return abstract(lambda: Spikformer(T=2, img_size_h=32,
+                                       img_size_w=32, in_channels=2, num_classes=10, embed_dims=dims,
                                        num_heads=heads, depths=1, mlp_ratio=2, rngs=nnx.Rngs(0)))
 
 
@@ -37,7 +38,7 @@ def tiny_spikformer(heads=8, dims=32):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: SpikingMLP(16, (32, 32, 32), 10, batch_norm=True, neuron="PLIF", rngs=nnx.Rngs(0)),
+    lambda: SpikingMLP(16, (32, 32, 32), 10, batch_norm=True, spiking_neuron="PLIF", rngs=nnx.Rngs(0)),
     lambda: CIFAR10DVSVGG(rngs=nnx.Rngs(0)),
     lambda: Spikformer(rngs=nnx.Rngs(0)),
 ])

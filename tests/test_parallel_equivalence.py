@@ -71,7 +71,8 @@ def build(name: str):
                 (2, BATCH, 16, 16, 2))
     # 8 heads of 4 channels: tensor=8 puts one whole head on each device; the 4-channel stem stage
     # does not divide by 8 and stays whole (the divisibility fallback).
-    return (Spikformer(T=2, img_size=32, in_channels=2, num_classes=10, embed_dims=32, num_heads=8, depths=1,
+    return (Spikformer(T=2, img_size_h=32,
+                       img_size_w=32, in_channels=2, num_classes=10, embed_dims=32, num_heads=8, depths=1,
                        mlp_ratio=2, **kw), (2, BATCH, 32, 32, 2))
 
 

@@ -46,7 +46,8 @@ def build(name: str):
                 (2, BATCH, 16, 16, 2))
     # 8 units: 4 patch stages, the positional encoding, 2 blocks, the head; over 2 stages x 2 virtual stages
     # (4|1|1|2) the chunks hand on image activations, tokens, and tokens between blocks
-    return (Spikformer(T=2, img_size=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=2,
+    return (Spikformer(T=2, img_size_h=16,
+                       img_size_w=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=2,
                        mlp_ratio=2, **kw), (2, BATCH, 16, 16, 2))
 
 

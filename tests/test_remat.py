@@ -18,9 +18,10 @@ T, N = 3, 2
 CASES = {
     "cifar10dvs_vgg": (dict(widths=(8, 8, 16), pools=(False, True, False), image_size=8, in_channels=2,
                             num_classes=4, dropout=0.0), (T, N, 8, 8, 2)),
-    "spikformer": (dict(T=T, img_size=32, in_channels=2, num_classes=4, embed_dims=32, num_heads=4, depths=2),
+    "spikformer": (dict(T=T, img_size_h=32,
+                        img_size_w=32, in_channels=2, num_classes=4, embed_dims=32, num_heads=4, depths=2),
                    (T, N, 32, 32, 2)),
-    "mlp": (dict(in_features=12, hidden=(16, 16), num_classes=4, neuron="PLIF"), (T, N, 12)),
+    "mlp": (dict(in_features=12, hidden=(16, 16), num_classes=4, spiking_neuron="PLIF"), (T, N, 12)),
 }
 
 

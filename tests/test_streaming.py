@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import gesture_sequential
 
 from snnjax import Sequential, layers
 from snnjax.deploy import streaming
@@ -11,7 +12,6 @@ from snnjax.deploy.graph import UnsupportedModelError, layer_ops
 from snnjax.deploy.ops import initial_states, run_ops, step_ops
 from snnjax.deploy.streaming import Streamer
 from snnjax.models import CIFAR10DVSVGG, SpikingMLP
-from snnjax.models.sequential import dvs_gesture_net
 from snnjax.neurons import LIFNode
 
 F64 = {"dtype": jnp.float64, "param_dtype": jnp.float64}
@@ -45,8 +45,8 @@ def build(name):
                          layers.dropout(0.5), layers.linear(6 * 4 * 4, 3, rngs=rngs, **F64))
         randomize_batch_norm(net)
         return net, (4, 2, 8, 8, 2), 3.0
-    net = dvs_gesture_net((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max", rngs=nnx.Rngs(2),
-                          **F64)
+    net = gesture_sequential((16, 16, 2), channels=8, num_classes=3, blocks=2, hidden=16, pool="max",
+                             rngs=nnx.Rngs(2), **F64)
     randomize_batch_norm(net)
     net.layers[10].kernel[...] = 4.0 * np.asarray(net.layers[10].kernel[...])  # the hidden layer: drive to fire
     return net, (4, 2, 16, 16, 2), 3.0

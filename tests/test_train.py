@@ -161,11 +161,11 @@ SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)
           "sdt": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
           "qkformer": ["--config.model.embed_dims=16", "--config.model.num_heads=(2,2,2)",
                        "--config.model.depths=(1,1,1)"],
-          "ms_resnet18": ["--config.model.base_channels=4", "--config.model.stage_blocks=(1,1,1)"]}
+          "ms_resnet18": ["--config.model.base_channels=4", "--config.model.layers=(1,1,1)"]}
 _TRANSFORMER_16x16 = {"in_channels": 2, "num_classes": 10, "T": 2}
 SIZES_16x16 = {"mlp": {"in_features": 16 * 16 * 2, "num_classes": 10},
                "cifar10dvs_vgg": {"in_channels": 2, "image_size": 16, "num_classes": 10},
-               "spikformer": {"in_channels": 2, "img_size": (16, 16), "num_classes": 10, "T": 2},
+               "spikformer": {"in_channels": 2, "img_size_h": 16, "img_size_w": 16, "num_classes": 10, "T": 2},
                "spiking_resnet18": {"in_channels": 2, "num_classes": 10}, "sew_resnet18": {"in_channels": 2,
                                                                                           "num_classes": 10},
                "dvsgesture_net": {"in_channels": 2, "image_size": 16, "num_classes": 10},
@@ -396,11 +396,11 @@ def test_unknown_override_key_without_config_flag_is_rejected(tmp_path):
 
 
 def test_every_model_option_can_be_overridden(tmp_path):
-    result = train_in_process(tmp_path, "--config.model.neuron=PLIF", "--config.model.surrogate_function=atan",
+    result = train_in_process(tmp_path, "--config.model.spiking_neuron=PLIF", "--config.model.surrogate_function=atan",
                               "--config.num_steps=3", "--config.parallel.mode=none")
     assert result.returncode == 0, result.stderr[-1500:]
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model"]["neuron"] == "PLIF" and config["model"]["surrogate_function"] == "atan"
+    assert config["model"]["spiking_neuron"] == "PLIF" and config["model"]["surrogate_function"] == "atan"
 
 
 def test_none_options_reach_the_model_and_the_command_line_sets_them(tmp_path):

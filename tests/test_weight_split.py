@@ -22,7 +22,8 @@ def _backward(units: int, with_input_grad: bool, policy="none", spike_residuals=
     ``(jaxpr, residuals, cotangent, is_param, number of parameters)``; ``abstract``: residuals and cotangent as
     shapes (traced only, nothing run)."""
     if spikformer:
-        model = Spikformer(T=2, img_size=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=2,
+        model = Spikformer(T=2, img_size_h=16,
+                           img_size_w=16, in_channels=2, num_classes=10, embed_dims=16, num_heads=2, depths=2,
                            mlp_ratio=2, rngs=nnx.Rngs(0))
         shape = (2, 2, 16, 16, 2)
     else:

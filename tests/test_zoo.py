@@ -22,7 +22,7 @@ from snnjax import layers
 from snnjax import neurons as F
 from snnjax.interop import check
 from snnjax.interop.spikingjelly import import_state_dict
-from snnjax.models import MSResNet, ParametricLIFNet, ResNet, dvsgesture_net, max_resnet18, ms_resnet18, nmnist_net
+from snnjax.models import DVSGestureNet, MaxResNet, MSResNet, NMNISTNet, ParametricLIFNet, ResNet, sew_resnet18
 from snnjax.models.registry import DataShape, create_model, model_config, sizes_from_data
 from snnjax.neurons import surrogate as sg
 from snnjax.train.step import classification_loss
@@ -54,7 +54,7 @@ def n_params(model):
 @pytest.mark.parametrize("depth,cnf,params", [(18, None, 11.69e6), (34, "ADD", 21.80e6), (50, "IAND", 25.56e6)])
 def test_resnets_have_torchvisions_sizes(depth, cnf, params):
     """SpikingJelly's ResNets are torchvision's with neurons: the same parameter counts (IF neurons have none)."""
-    model = nnx.eval_shape(lambda: ResNet(depth=depth, cnf=cnf, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: ResNet(depth=depth, cnf=cnf, spiking_neuron=F.IFNode, rngs=nnx.Rngs(0)))
     assert n_params(model) == pytest.approx(params, rel=1e-3)
     assert model.fc.kernel.shape == (512 * (4 if depth == 50 else 1), 1000)
     assert [len(s) for s in model.stages()] == ([2, 2, 2, 2] if depth == 18 else [3, 4, 6, 3])
@@ -73,9 +73,9 @@ def test_ms_resnets_have_spikingjellys_sizes(name, params):
 
 
 def test_ms_resnet_neurons_resolve_as_spikingjelly():
-    """No neuron kind: MS-ResNet's LIF (keywords over it); a kind: its own defaults, MS-ResNet's dropped."""
-    def neuron(fn=ms_resnet18, **kw):
-        return nnx.eval_shape(lambda: fn(stage_blocks=(1, 1, 1), base_channels=4, **kw, rngs=nnx.Rngs(0))
+    """No neuron class: MS-ResNet's LIF (keywords over it); a class: its own defaults, MS-ResNet's dropped."""
+    def neuron(fn=MSResNet, **kw):
+        return nnx.eval_shape(lambda: fn(layers=(1, 1, 1), base_channels=4, **kw, rngs=nnx.Rngs(0))
                               ).layer2[0].spike2.config
 
     assert neuron() == F.NeuronConfig(kind="LIF", tau=4 / 3, decay_input=False, v_threshold=0.5, detach_reset=True,
@@ -83,27 +83,27 @@ def test_ms_resnet_neurons_resolve_as_spikingjelly():
     assert neuron(v_threshold=1.0, v_reset=None) == F.NeuronConfig(
         kind="LIF", tau=4 / 3, decay_input=False, v_threshold=1.0, v_reset=None, detach_reset=True,
         surrogate=sg.Rect(alpha=2.0))
-    plif = neuron(spiking_neuron="PLIF", detach_reset=True)
+    plif = neuron(spiking_neuron=F.ParametricLIFNode, detach_reset=True)
     assert plif == F.NeuronConfig(kind="PLIF", detach_reset=True)  # PLIF's own defaults (init_tau 2, sigmoid)
-    assert neuron(max_resnet18) == F.NeuronConfig(kind="LIF", tau=2.0, detach_reset=True)
+    assert neuron(MaxResNet) == F.NeuronConfig(kind="LIF", tau=2.0, detach_reset=True)
     c = model_config("ms_resnet18")
-    assert c.spiking_neuron is None and c.tau is None and c.stage_blocks == (2, 2, 2, 2)
+    assert c.spiking_neuron is None and c.tau is None and c.layers == (2, 2, 2, 2) and c.v_reset == 0.0
     c.spiking_neuron, c.surrogate_function = "IF", "rect"  # typed placeholders: settable from the command line
     options = {k: v for k, v in c.items() if k != "name" and v is not None}  # as the trainer passes them
     model = create_model("ms_resnet18", {**options, "in_channels": 2, "num_classes": 3, "T": 2,
-                                         "stage_blocks": (1, 1, 1), "base_channels": 4}, rngs=nnx.Rngs(0))
+                                         "layers": (1, 1, 1), "base_channels": 4}, rngs=nnx.Rngs(0))
     assert model.head_lif.config == F.NeuronConfig(kind="IF", surrogate=sg.Rect())
-    with pytest.raises(ValueError, match="model.stage_blocks"):
-        MSResNet(stage_blocks=(1, 1), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="model.layers"):
+        MSResNet(layers=(1, 1), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="model.stage_channels"):
-        MSResNet(stage_blocks=(1, 1, 1), stage_channels=(4, 8), rngs=nnx.Rngs(0))
+        MSResNet(layers=(1, 1, 1), stage_channels=(4, 8), rngs=nnx.Rngs(0))
 
 
 def test_plif_net_presets_are_spikingjellys():
-    g = nnx.eval_shape(lambda: dvsgesture_net(rngs=nnx.Rngs(0)))
+    g = nnx.eval_shape(lambda: DVSGestureNet(spiking_neuron=F.ParametricLIFNode))
     assert len(g.features) == 5 and g.fc1.kernel.shape == (128 * 4 * 4, 512) and g.fc2.kernel.shape == (512, 110)
     assert type(g.sn1).__name__ == "ParametricLIFNode" and g.dropout1.broadcast_dims == (0,)
-    n = nnx.eval_shape(lambda: nmnist_net(rngs=nnx.Rngs(0)))
+    n = nnx.eval_shape(lambda: NMNISTNet(spiking_neuron=F.ParametricLIFNode))
     assert n.fc1.kernel.shape == (128 * 8 * 8, 2048) and n.fc2.kernel.shape == (2048, 100)  # 34 -> 17 -> 8
 
 
@@ -117,8 +117,18 @@ def test_registry_sizes_and_errors():
         sizes_from_data("dvsgesture_net", data, {"stages": 7})
     with pytest.raises(ValueError, match="cnf must be None"):
         create_model("sew_resnet18", {"cnf": "OR", "in_channels": 2, "num_classes": 3}, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="model.neuron must be one of"):
-        create_model("nmnist_net", {"neuron": "Izhikevich"}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="spiking_neuron='Izhikevich' is not a neuron name"):
+        create_model("nmnist_net", {"spiking_neuron": "Izhikevich"}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="nmnist_net|ParametricLIFNet needs spiking_neuron"):
+        create_model("nmnist_net", {}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="sew_resnet18 needs cnf"):
+        sew_resnet18(spiking_neuron=F.IFNode)
+    with pytest.raises(ValueError, match="IFNode takes no keyword 'tau'"):
+        sew_resnet18(cnf="ADD", spiking_neuron=F.IFNode, tau=2.0)
+    with pytest.raises(ValueError, match="groups=32 is not supported"):
+        sew_resnet18(cnf="ADD", spiking_neuron=F.IFNode, groups=32)
+    with pytest.raises(ValueError, match="pretrained=True"):
+        sew_resnet18(pretrained=True, cnf="ADD", spiking_neuron=F.IFNode)
 
 
 def test_sew_connect_and_voting():
@@ -147,7 +157,7 @@ def _zoo_state_dict(case: str) -> dict[str, np.ndarray]:
 
 def _fixture_resnet(**overrides):
     """The fixture's SEW-ResNet, its variables abstract (the import gives them values)."""
-    kw = dict(depth=18, cnf="ADD", widths=(2, 4, 8, 16), in_channels=2, num_classes=10, neuron="PLIF")
+    kw = dict(depth=18, cnf="ADD", widths=(2, 4, 8, 16), in_channels=2, num_classes=10, spiking_neuron="PLIF")
     return nnx.eval_shape(lambda: ResNet(**{**kw, **overrides}, rngs=nnx.Rngs(0)))
 
 
@@ -163,7 +173,7 @@ def test_import_covers_every_variable_and_names_the_problem():
     with pytest.raises(KeyError, match="does not provide"):  # a ResNet-34's blocks are not in a ResNet-18's weights
         import_state_dict(_fixture_resnet(depth=34), sd)
     with pytest.raises(KeyError, match="does not exist in the model"):  # PLIF weights into IF neurons
-        import_state_dict(_fixture_resnet(neuron="IF"), sd)
+        import_state_dict(_fixture_resnet(spiking_neuron="IF"), sd)
     with pytest.raises(KeyError, match="no counterpart"):
         import_state_dict(_fixture_resnet(), {**sd, "layer1.0.attn.weight": np.zeros(3)})
 
@@ -171,7 +181,8 @@ def test_import_covers_every_variable_and_names_the_problem():
 def test_plif_net_import_permutes_the_flatten():
     sd = _zoo_state_dict("dvsgesture_net")
     model = nnx.eval_shape(lambda: ParametricLIFNet(stages=5, channels=8, hidden_features=32, image_size=64,
-                                                    num_classes=11, dropout=0.0, rngs=nnx.Rngs(0)))
+                                                    num_classes=11, dropout=0.0, spiking_neuron="PLIF",
+                                                    rngs=nnx.Rngs(0)))
     import_state_dict(model, sd)
     w = sd["conv_fc.22.weight"].reshape(32, 8, 2, 2)  # torch flattens [C, H, W]; ours is [H, W, C]
     np.testing.assert_allclose(model.fc1.kernel[...][(1 * 2 + 0) * 8 + 5], w[:, 5, 1, 0], rtol=1e-6)
@@ -180,7 +191,7 @@ def test_plif_net_import_permutes_the_flatten():
 def test_ms_resnet_import_covers_every_variable_and_names_the_problem():
     with np.load(MS_RESNET) as arrays:
         sd = check.case_arrays(arrays, "ms_resnet_plif/init/")
-    kw = dict(stage_blocks=(1, 1, 1), base_channels=8, stem_kernel_size=3, stem_stride=1, stem_pool=True,
+    kw = dict(layers=(1, 1, 1), base_channels=8, stem_kernel_size=3, stem_stride=1, stem_pool=True,
               in_channels=3, num_classes=10, spiking_neuron="PLIF")
 
     def model(**overrides):
@@ -195,7 +206,7 @@ def test_ms_resnet_import_covers_every_variable_and_names_the_problem():
     with pytest.raises(ValueError, match="shape mismatch"):
         import_state_dict(model(base_channels=4), sd, dtype=jnp.float32)
     with pytest.raises(KeyError, match="does not provide"):  # a second block per stage is not in the weights
-        import_state_dict(model(stage_blocks=(2, 1, 1)), sd, dtype=jnp.float32)
+        import_state_dict(model(layers=(2, 1, 1)), sd, dtype=jnp.float32)
     with pytest.raises(KeyError, match="does not exist in the model"):  # PLIF weights into LIF neurons
         import_state_dict(model(spiking_neuron=None), sd, dtype=jnp.float32)
     with pytest.raises(KeyError, match="no counterpart"):

@@ -22,6 +22,7 @@ from test_zoo import quick_compiles
 
 from snnjax import parallel
 from snnjax.models import MSResNet, ParametricLIFNet, ResNet, remat
+from snnjax.neurons import ATan, ParametricLIFNode
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.train.step import StepConfig
@@ -40,22 +41,25 @@ def _float64(x64_module):
     _setup.cache_clear()
 
 
+_PLIF = dict(spiking_neuron=ParametricLIFNode, detach_reset=True, surrogate_function=ATan())
+
+
 def build(family: str):
     kw = dict(rngs=nnx.Rngs(params=0, dropout=1), dtype=jnp.float64, param_dtype=jnp.float64)
     if family == "plif_net":
         model = ParametricLIFNet(stages=2, channels=4, hidden_features=8, image_size=16, num_classes=10,
-                                 voting_size=2, dropout=0.25, **kw)
+                                 voting_size=2, dropout=0.25, **_PLIF, **kw)
         model.fc1.kernel[...] = 3.0 * model.fc1.kernel[...]  # the 8-unit hidden layer fires: no gradient is zero
         return model
     if family == "ms_resnet":  # 3 stages of 4, 8, 16 channels: stem, 3 blocks, head
-        model = MSResNet(T=2, stage_blocks=(1, 1, 1), base_channels=4, stem_kernel_size=3, stem_stride=1,
+        model = MSResNet(T=2, layers=(1, 1, 1), base_channels=4, stem_kernel_size=3, stem_stride=1,
                          in_channels=2, num_classes=10, **kw)
         for stage in model.stages():  # not zero-initialised: the first step's gradients reach every block's convs
             for blk in stage:
                 blk.bn2.scale[...] = jnp.full_like(blk.bn2.scale[...], 0.5)
         return model
     return ResNet(depth=18, cnf="ADD", widths=(4, 4, 8, 8), stage_blocks=(1, 1, 1, 1), in_channels=2,
-                  num_classes=10, neuron="PLIF", **kw)
+                  num_classes=10, **_PLIF, **kw)
 
 
 @functools.cache

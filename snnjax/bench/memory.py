@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     size = args.image_size or (224 if args.model == "spikformer" else 48)
     channels = {"spikformer": 3, "cifar10dvs_vgg": 2, "mlp": 2}[args.model]
-    kwargs = {"spikformer": dict(T=args.T, img_size=size, in_channels=3, num_classes=1000, embed_dims=256,
+    kwargs = {"spikformer": dict(T=args.T, img_size_h=size,
+                                 img_size_w=size, in_channels=3, num_classes=1000, embed_dims=256,
                                  num_heads=8, depths=4),
               "cifar10dvs_vgg": dict(image_size=size, in_channels=2, num_classes=10),
               "mlp": dict(in_features=size * size * 2, hidden=(1024, 1024), num_classes=10)}[args.model]

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from snnjax.train import apply_plan
     from snnjax.train.step import StepConfig, TrainState, split_model
 
-    kwargs = {"cifar10dvs_vgg": {}, "spikformer": {"T": args.time_steps, "img_size": 128, "in_channels": 2},
+    kwargs = {"cifar10dvs_vgg": {},
+              "spikformer": {"T": args.time_steps, "img_size_h": 128, "img_size_w": 128, "in_channels": 2},
               "mlp": {"in_features": 2 * 48 * 48}}[args.model]
     shape = (args.time_steps, args.batch, 128 if args.model == "spikformer" else 48,
              128 if args.model == "spikformer" else 48, 2)

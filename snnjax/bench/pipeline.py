@@ -62,7 +62,8 @@ def main(argv=None) -> None:
                 model = CIFAR10DVSVGG(widths=widths, rngs=nnx.Rngs(0))
                 shape = (args.T, batch, 48, 48, 2)
             else:
-                model = spikformer_ti(T=args.T, img_size=32, num_classes=10, embed_dims=256 // args.width_div,
+                model = spikformer_ti(T=args.T, img_size_h=32,
+                                      img_size_w=32, num_classes=10, embed_dims=256 // args.width_div,
                                       num_heads=8, depths=4, rngs=nnx.Rngs(0))
                 shape = (args.T, batch, 32, 32, 3)
             tx = optax.adam(1e-3)

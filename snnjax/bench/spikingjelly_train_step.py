@@ -90,7 +90,7 @@ def _zoo(model: str, arch: dict):
     DVSGestureNet, multi-step, ATan surrogate and ``detach_reset``; inputs ``[T, N, C, H, W]``."""
     from spikingjelly.activation_based import functional, layer, neuron, surrogate
 
-    cls = {"IF": neuron.IFNode, "PLIF": neuron.ParametricLIFNode}[arch["neuron"]]
+    cls = {"IF": neuron.IFNode, "PLIF": neuron.ParametricLIFNode}[arch["spiking_neuron"]]
     kw = dict(spiking_neuron=cls, surrogate_function=surrogate.ATan(), detach_reset=True)
     if model == "dvsgesture_plif":
         from spikingjelly.activation_based.model import parametric_lif_net as pln
@@ -129,8 +129,8 @@ def build(model: str, arch: dict):
     if model == "spikformer_ti":
         from spikingjelly.activation_based.model import spikformer as sf
 
-        net = sf.Spikformer(T=arch["T"], in_channels=arch["in_channels"], img_size_h=arch["img_size"],
-                            img_size_w=arch["img_size"], num_classes=arch["num_classes"],
+        net = sf.Spikformer(T=arch["T"], in_channels=arch["in_channels"], img_size_h=arch["img_size_h"],
+                            img_size_w=arch["img_size_w"], num_classes=arch["num_classes"],
                             embed_dims=arch["embed_dims"], num_heads=arch["num_heads"], depths=arch["depths"],
                             mlp_ratio=arch["mlp_ratio"])
         return net, lambda x: torch.from_numpy(np.ascontiguousarray(x[0].transpose(0, 3, 1, 2)))

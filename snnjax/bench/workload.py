@@ -10,6 +10,7 @@ import numpy as np
 MODELS = ("cifar10dvs_vgg", "spikformer_ti", "mlp", "sdt", "qkformer", "sew_resnet18", "spiking_resnet18",
           "dvsgesture_plif", "ms_resnet18")
 # a static 32 x 32 x 3 image repeated T times
+_ZOO_NEURON = {"detach_reset": True, "surrogate_function": "atan"}  # the three CNN zoo models' neuron keywords
 STATIC_IMAGES = ("spikformer_ti", "sdt", "qkformer", "spiking_resnet18", "ms_resnet18")
 EVENT_MODELS = ("cifar10dvs_vgg", "sew_resnet18", "dvsgesture_plif")  # inputs are event counts
 VGG_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)  # SpikingJelly's CIFAR10DVSVGG
@@ -44,7 +45,8 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
         dims = 256 // width_div
         if dims < 8 or dims % 8:
             raise ValueError(f"width_div={width_div} leaves spikformer_ti {dims} dims; it needs a multiple of 8")
-        return {"embed_dims": dims, "num_heads": 8, "depths": 4, "mlp_ratio": 4.0, "img_size": image_size or 32,
+        return {"embed_dims": dims, "num_heads": 8, "depths": 4, "mlp_ratio": 4.0, "img_size_h": image_size or 32,
+                "img_size_w": image_size or 32,
                 "in_channels": 3, "num_classes": 10, "T": t}
     if model == "mlp":
         return {"in_features": 64, "hidden": (max(256 // width_div, 1),), "num_classes": 10}
@@ -61,12 +63,14 @@ def architecture(model: str, t: int, width_div: int = 1, image_size: int | None 
         sew = model == "sew_resnet18"
         return {"depth": 18, "cnf": "ADD" if sew else None, "widths": tuple(max(w // width_div, 1) for w in
                                                                           (64, 128, 256, 512)),
-                "in_channels": 2 if sew else 3, "num_classes": 10, "neuron": "PLIF" if sew else "IF"}
+                "in_channels": 2 if sew else 3, "num_classes": 10, "spiking_neuron": "PLIF" if sew else "IF",
+                **_ZOO_NEURON}
     if model == "ms_resnet18":
         return {"T": t, "base_channels": max(64 // width_div, 1), "in_channels": 3, "num_classes": 10}
     if model == "dvsgesture_plif":
         return {"stages": 5, "channels": max(128 // width_div, 1), "hidden_features": max(512 // width_div, 1),
-                "in_channels": 2, "image_size": image_size or 128, "num_classes": 11, "neuron": "PLIF"}
+                "in_channels": 2, "image_size": image_size or 128, "num_classes": 11, "spiking_neuron": "PLIF",
+                **_ZOO_NEURON}
     raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
 
 

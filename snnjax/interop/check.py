@@ -131,7 +131,7 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
         return model, jnp.asarray(x.transpose(1, 0, 3, 4, 2))
     if meta["model"] == "Spikformer":
         x = arrays["x"]  # [N, C, H, W], static image
-        model = Spikformer(T=meta["T"], in_channels=x.shape[1], img_size=x.shape[-1],
+        model = Spikformer(T=meta["T"], in_channels=x.shape[1], img_size_h=x.shape[-2], img_size_w=x.shape[-1],
                            patch_size=meta.get("patch_size", 16), num_classes=num_classes,
                            embed_dims=meta["embed_dims"], num_heads=meta["num_heads"],
                            mlp_ratio=meta.get("mlp_ratio", 4.0), depths=meta["depths"], rngs=rngs)
@@ -149,10 +149,12 @@ def build_model(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[nn
         if meta.get("input_layout") != "TNCHW":
             raise ValueError(f"{meta['model']} cases take input_layout TNCHW, got {meta.get('input_layout')!r}")
         nrn = meta["neuron"]
-        neuron = dict(neuron=nrn["kind"], tau=nrn.get("tau", 2.0), decay_input=nrn.get("decay_input", True),
-                      v_threshold=nrn.get("v_threshold", 1.0), v_reset=nrn.get("v_reset", 0.0),
-                      detach_reset=nrn.get("detach_reset", False),
+        neuron = dict(spiking_neuron=nrn["kind"], v_threshold=nrn.get("v_threshold", 1.0),
+                      v_reset=nrn.get("v_reset", 0.0), detach_reset=nrn.get("detach_reset", False),
                       surrogate_function=parse_surrogate(nrn.get("surrogate", "sigmoid4")))
+        if nrn["kind"] != "IF":  # the time constant: LIF's tau, PLIF's init_tau
+            neuron.update({"tau" if nrn["kind"] == "LIF" else "init_tau": nrn.get("tau", 2.0),
+                           "decay_input": nrn.get("decay_input", True)})
         if meta["model"] == "ResNet":
             model = ResNet(depth=meta["depth"], cnf=meta["cnf"], widths=meta["widths"],
                            stage_blocks=meta.get("stage_blocks"), in_channels=x.shape[2],

@@ -125,7 +125,7 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
             shape = (shape[0] // k, shape[1] // k, shape[2])
         elif op.kind == "maxpool":
             raise NIRError(f"{op.name}: NIR 1.0 has no max pooling node; build the net with average pooling "
-                           "(e.g. dvs_gesture_net(pool='avg'))")
+                           "(snnjax.layers.AvgPool2d; a spec {'kind': 'avgpool'})")
         elif op.kind == "flatten":
             if len(shape) == 1:
                 continue

@@ -115,6 +115,10 @@ SPIKFORMER = [
     Rule(r"blocks\.(\d+)\.attn\.(qkv|proj)_conv_bn\.1", "blocks.{1}.attn.{2}.bn", "bn"),
     Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.0", "blocks.{1}.mlp.{2}.fc", "linear"),
     Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.1", "blocks.{1}.mlp.{2}.bn", "bn"),
+    Rule(r"patch_embed\.stages\.(\d+)\.neuron", "stages.{1}.neuron", "neuron"),
+    Rule(r"patch_embed\.positional_encoding\.neuron", "positional_encoding.neuron", "neuron"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|attn|proj)_lif", "blocks.{1}.attn.{2}_lif", "neuron"),
+    Rule(r"blocks\.(\d+)\.mlp\.(neuron[12])", "blocks.{1}.mlp.{2}", "neuron"),
     Rule(r"head", "head", "linear"),
 ]
 

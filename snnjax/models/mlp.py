@@ -4,48 +4,47 @@ Tensor parallelism: the hidden layers alternate column- and row-parallel (logica
 names ``embed -> mlp``, then ``mlp -> embed``), the head continuing the pattern,
 so every pair of layers costs one all-reduce and the neurons between them hold
 only their shard of the units.
+
+Neurons (``snnjax.models.neuron_options``): ``spiking_neuron`` and the neuron keywords (``**kwargs``);
+with None, LIF with ``detach_reset=True`` (the model's default) and the given keywords over it.
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
 
 from snnjax import layers
 from snnjax.models import remat
+from snnjax.models.neuron_options import Neurons
+from snnjax.models.registry import DataShape, register
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, Sigmoid
-from snnjax.neurons.surrogate import Surrogate
+from snnjax.neurons.modules import BaseNode
 from snnjax.parallel.logical import alternate
 
-_NODES = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
+NEURON_DEFAULTS = {"detach_reset": True}
 
 
 class SpikingMLP(nnx.Module):
-    """Input ``[T, N, ...]`` (trailing dims flattened) -> logits ``[T, N, num_classes]``."""
+    """Input ``[T, N, ...]`` (trailing dims flattened) -> logits ``[T, N, num_classes]``. ``rngs``: default
+    ``nnx.Rngs(0)``."""
 
     def __init__(self, in_features: int, hidden: Sequence[int] = (256,), num_classes: int = 10, *,
-                 neuron: str = "LIF", tau: float = 2.0, decay_input: bool = True, detach_reset: bool = True,
-                 surrogate_function: Surrogate = Sigmoid(), v_threshold: float = 1.0,
-                 v_reset: float | None = 0.0, batch_norm: bool = False, rngs: nnx.Rngs, dtype=None,
-                 param_dtype=None):
-        if neuron not in _NODES:
-            raise ValueError(f"neuron must be one of {sorted(_NODES)}, got {neuron!r}")
-        kwargs = dict(v_threshold=v_threshold, v_reset=v_reset, detach_reset=detach_reset,
-                      surrogate_function=surrogate_function, step_mode="m")
-        if neuron == "LIF":
-            kwargs.update(tau=tau, decay_input=decay_input)
-        elif neuron == "PLIF":
-            kwargs.update(init_tau=tau, decay_input=decay_input)
+                 batch_norm: bool = False, spiking_neuron: type[BaseNode] | str | None = None,
+                 rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
+        neurons = Neurons.of(spiking_neuron, kwargs, model="SpikingMLP")
+        rngs = nnx.Rngs(0) if rngs is None else rngs
         fcs, bns, nodes, fin = [], [], [], in_features
         for i, h in enumerate(hidden):
             axes = alternate(i)
             fcs.append(layers.linear(fin, h, rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes))
             if batch_norm:
                 bns.append(layers.BatchNorm(h, dtype=dtype, param_dtype=param_dtype, axes=axes[1:]))
-            nodes.append(_NODES[neuron](**kwargs))
+            nodes.append(neurons.make(**NEURON_DEFAULTS))
             fin = h
         self.fcs, self.neurons = nnx.List(fcs), nnx.List(nodes)
         self.bns = nnx.List(bns) if batch_norm else None
@@ -78,3 +77,10 @@ def _layer(i: int, model: SpikingMLP, x: jax.Array) -> jax.Array:
 
 def _head(head: nnx.Module, x: jax.Array) -> jax.Array:
     return head(layers.flatten_features(x))
+
+
+def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_features": math.prod(data.frame_shape), "num_classes": data.num_classes}
+
+
+register("mlp", SpikingMLP, _sizes, ("in_features", "num_classes"))

@@ -1,89 +1,101 @@
-"""Which spiking neuron a model builds at each site: SpikingJelly's ``spiking_neuron`` + ``**kwargs``.
+"""The neurons of a zoo model: ``spiking_neuron`` and the keywords every neuron gets, as SpikingJelly chooses them.
 
-SpikingJelly's zoo models take a neuron class and keyword arguments shared by every neuron.
-With ``spiking_neuron=None`` they build ``LIFNode`` and some sites add their own defaults (the
-attention modules: ``tau=2, detach_reset=True``, and ``v_threshold=0.5`` for the attention-map
-neuron), which given keywords override. Here the same choice is explicit and typed (config
-friendly): one neuron kind and its keywords for every site, plus the attention sites'
-``detach_reset`` and attention-map ``v_threshold`` as their own options.
+Every zoo constructor takes ``spiking_neuron`` and the neuron keywords as ``**kwargs`` (``tau``,
+``init_tau`` (PLIF's), ``v_threshold``, ``v_reset`` (None: soft reset), ``decay_input``,
+``detach_reset``, ``surrogate_function``, ``step_mode``, and the neuron classes' other keywords such
+as ``store_v_seq``), and builds each neuron site as SpikingJelly does:
 
-SpikingJelly ``spiking_neuron=None`` without ``detach_reset`` / ``v_threshold`` keywords is
-``NeuronOptions()`` (the defaults). A given neuron class uses the same keywords at every site:
-``NeuronOptions(kind, ..., attn_detach_reset=detach_reset, attn_v_threshold=v_threshold)``
-(``NeuronOptions.uniform``).
+- an explicit ``spiking_neuron`` class: ``spiking_neuron(**kwargs)`` at every site, the given
+  keywords over that class's own defaults (``detach_reset=False``, ``Sigmoid()``, ``v_threshold=1.0``,
+  ``v_reset=0.0``, ``tau`` / ``init_tau`` 2.0, ``decay_input=True``), attention sites included;
+- ``spiking_neuron=None``: ``LIFNode`` with the site's own defaults (the model's, e.g. MS-ResNet's
+  ``tau=4/3``; inside attention ``tau=2, detach_reset=True`` and ``v_threshold=0.5`` for the attention
+  map), the given keywords over them. Models that SpikingJelly builds only from a given class (the
+  ResNets, the parametric-LIF nets) refuse None.
 
-Models whose every site shares one set of defaults (MS-ResNet's LIF with ``tau=4/3``,
-``v_threshold=0.5``, ...) take the keywords as optional (None: not given) and resolve them with
-``NeuronOptions.resolve``, SpikingJelly's ``_make_multi_step_neuron``: the model's defaults apply
-only without a neuron kind.
+``spiking_neuron`` is one of ``snnjax.neurons``' classes (``IFNode``, ``LIFNode``, ``ParametricLIFNode``)
+or, as an snnjax convenience for configs, its name (``"IF"``, ``"LIF"``, ``"PLIF"``). Neurons are
+multi-step (``step_mode="m"``, the only value accepted). A keyword the chosen class does not take
+(``tau`` for ``IFNode``, ``init_tau`` for ``LIFNode``) raises ``ValueError`` naming it.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode
-from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
-KINDS = ("LIF", "IF", "PLIF")
+NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
+# The neuron keywords a config may set (the constructors' ``**kwargs``), with their types for an unset (None) value.
+KEYWORD_TYPES: dict[str, type] = {"tau": float, "init_tau": float, "decay_input": bool, "v_threshold": float,
+                                  "v_reset": float, "surrogate_function": str, "detach_reset": bool}
+_HINTS = {"backend": "snnjax picks the neuron implementation with impl= (model.neuron_impl in a config)",
+          "tau": "ParametricLIFNode's initial time constant is init_tau; IFNode has none",
+          "init_tau": "init_tau is ParametricLIFNode's; LIFNode takes tau, IFNode neither"}
+
+
+def neuron_class(spiking_neuron: type[BaseNode] | str | None) -> type[BaseNode] | None:
+    """The class ``spiking_neuron`` names: a ``snnjax.neurons`` class, its name (``IF``, ``LIF``, ``PLIF``) or None."""
+    if spiking_neuron is None:
+        return None
+    if isinstance(spiking_neuron, str):
+        if spiking_neuron not in NEURONS:
+            raise ValueError(f"spiking_neuron={spiking_neuron!r} is not a neuron name; choose one of {list(NEURONS)} "
+                             "or pass a class such as snnjax.neurons.LIFNode")
+        return NEURONS[spiking_neuron]
+    if not (inspect.isclass(spiking_neuron) and issubclass(spiking_neuron, BaseNode)):
+        raise TypeError(f"spiking_neuron must be a snnjax neuron class (snnjax.neurons.IFNode, LIFNode, "
+                        f"ParametricLIFNode), its name or None, got {spiking_neuron!r}")
+    return spiking_neuron
+
+
+def _check_keywords(cls: type[BaseNode], kwargs: Mapping[str, Any], model: str) -> None:
+    params = inspect.signature(cls.__init__).parameters
+    for key in kwargs:
+        if key not in params or key == "self":
+            hint = f" ({_HINTS[key]})" if key in _HINTS else ""
+            allowed = sorted(k for k in params if k != "self")
+            raise ValueError(f"{model}: {cls.__name__} takes no keyword {key!r}{hint}; its keywords: {allowed}")
+    if kwargs.get("step_mode", "m") != "m":
+        raise ValueError(f"{model}: step_mode={kwargs['step_mode']!r}; the zoo's neurons are multi-step "
+                         "(step_mode='m', input [T, N, ...])")
 
 
 @dataclasses.dataclass(frozen=True)
-class NeuronOptions:
-    """Every neuron of a model: ``kind`` (``LIF``, ``IF``, ``PLIF``) with SpikingJelly's keywords.
+class Neurons:
+    """A model's neuron choice: the ``spiking_neuron`` class (None: SpikingJelly's LIF with site defaults) and the
+    keywords given. Build it with :meth:`of`; :meth:`make` builds one site's neuron."""
 
-    ``tau`` is LIF's time constant and PLIF's ``init_tau``; ``decay_input`` applies to LIF and PLIF.
-    Sites inside attention modules take ``attn_detach_reset`` instead of ``detach_reset``, and the
-    attention-map neuron ``attn_v_threshold`` instead of ``v_threshold``.
-    """
-
-    kind: str = "LIF"
-    tau: float = 2.0
-    decay_input: bool = True
-    v_threshold: float = 1.0
-    v_reset: float | None = 0.0
-    surrogate_function: sg.Surrogate = sg.Sigmoid()
-    detach_reset: bool = False
-    attn_detach_reset: bool = True
-    attn_v_threshold: float = 0.5
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"spiking_neuron must be one of {KINDS}, got {self.kind!r}")
-        if self.kind != "IF" and not self.tau > 1.0:
-            raise ValueError(f"tau must be > 1 for {self.kind} neurons, got {self.tau}")
+    spiking_neuron: type[BaseNode] | None
+    kwargs: Mapping[str, Any]
 
     @classmethod
-    def uniform(cls, kind: str = "LIF", **kwargs) -> NeuronOptions:
-        """Every site the same neuron (SpikingJelly with an explicit ``spiking_neuron`` class)."""
-        base = cls(kind=kind, **kwargs)
-        return dataclasses.replace(base, attn_detach_reset=base.detach_reset, attn_v_threshold=base.v_threshold)
+    def of(cls, spiking_neuron: type[BaseNode] | str | None, kwargs: Mapping[str, Any], *, model: str,
+           required: bool = False) -> Neurons:
+        """The checked choice of ``model`` (named in errors). ``required``: SpikingJelly's model has no neuron of
+        its own, so None is refused."""
+        chosen = neuron_class(spiking_neuron)
+        if chosen is None and required:
+            raise ValueError(f"{model} needs spiking_neuron (SpikingJelly's builds no neuron of its own): pass a "
+                             f"class such as snnjax.neurons.IFNode, or a name from {list(NEURONS)}")
+        _check_keywords(chosen or LIFNode, kwargs, model)
+        return cls(chosen, dict(kwargs))
 
-    @classmethod
-    def resolve(cls, spiking_neuron: str | None, model_defaults: Mapping[str, Any], *, v_reset: float | None,
-                **keywords: Any) -> NeuronOptions:
-        """Every site the same neuron, chosen as SpikingJelly's ``_make_multi_step_neuron`` chooses it.
+    def make(self, **site_defaults: Any) -> BaseNode:
+        """A multi-step neuron: the class with the given keywords, or (no class) ``LIFNode`` with ``site_defaults``
+        and the given keywords over them."""
+        if self.spiking_neuron is None:
+            return LIFNode(**{**site_defaults, **self.kwargs, "step_mode": "m"})
+        return self.spiking_neuron(**{**self.kwargs, "step_mode": "m"})
 
-        ``spiking_neuron=None``: LIF with ``model_defaults`` (``NeuronOptions`` field names), the given
-        ``keywords`` over them. A kind (``LIF``, ``IF``, ``PLIF``): the given ``keywords`` over that neuron's own
-        SpikingJelly defaults (the fields' defaults); the model's are dropped. A keyword is given when not None
-        (``v_reset`` is always given: None there means soft reset).
-        """
-        given = {k: v for k, v in keywords.items() if v is not None}
-        chosen = {**model_defaults, **given} if spiking_neuron is None else given
-        return cls.uniform("LIF" if spiking_neuron is None else spiking_neuron, v_reset=v_reset, **chosen)
+    def without(self, *keys: str) -> Neurons:
+        """The same choice with ``keys`` dropped from the keywords (Spikformer's attention with no class)."""
+        return Neurons(self.spiking_neuron, {k: v for k, v in self.kwargs.items() if k not in keys})
 
-    def make(self, site: str = "plain") -> BaseNode:
-        """A multi-step neuron for ``site``: ``plain``, ``attn`` (inside attention) or ``attn_map``."""
-        if site not in ("plain", "attn", "attn_map"):
-            raise ValueError(f"site must be 'plain', 'attn' or 'attn_map', got {site!r}")
-        kw = dict(v_threshold=self.attn_v_threshold if site == "attn_map" else self.v_threshold,
-                  v_reset=self.v_reset, surrogate_function=self.surrogate_function,
-                  detach_reset=self.detach_reset if site == "plain" else self.attn_detach_reset, step_mode="m")
-        if self.kind == "IF":
-            return IFNode(**kw)
-        if self.kind == "LIF":
-            return LIFNode(tau=self.tau, decay_input=self.decay_input, **kw)
-        return ParametricLIFNode(init_tau=self.tau, decay_input=self.decay_input, **kw)
+
+# The attention sites' own defaults with spiking_neuron=None (SpikingJelly's attention modules).
+ATTENTION = {"tau": 2.0, "detach_reset": True}
+ATTENTION_MAP = {**ATTENTION, "v_threshold": 0.5}

@@ -6,11 +6,14 @@ channels: the first embedding, ``a = SN(MaxPool(BN(Conv3x3 x)))``, then
 ``SN(BN(Conv3x3 SN(MaxPool(BN(Conv3x3 x))))) + SN(BN(Conv1x1/2 x))`` (/8, /16). The blocks of
 the first two stages use Q-K attention (``qka_type`` token or channel), the third stage's
 Spikformer's SSA (``snnjax.models.spiking_attention``); each block is ``x + attn(x)`` then
-``x + SN(BN(W2 SN(BN(W1 x))))``. Logits ``[T, N, classes]`` from the token mean (SpikingJelly
-returns their time mean, ``[N, classes]``). Every conv / linear but the attention projections has a bias.
+``x + SN(BN(W2 SN(BN(W1 x))))``. Logits ``[T, N, classes]`` from the token mean (SpikingJelly's model
+returns their time mean, ``out.mean(0)``: the zoo's contract is per-step logits, the trainer's loss
+averages over T). Every conv / linear but the attention projections has a bias.
 
-Neurons: ``spiking_neuron`` and its keywords (``snnjax.models.neuron_options``); the defaults are
-SpikingJelly's (LIF tau=2; inside attention ``detach_reset=True`` and the attention map's threshold 0.5).
+Neurons: ``spiking_neuron`` and the neuron keywords (``**kwargs``), as SpikingJelly builds them
+(``snnjax.models.neuron_options``): with None, LIF (tau 2) with the given keywords, inside attention
+over the attention sites' own defaults (``detach_reset=True``, the attention map's threshold 0.5); with
+a class, that class with the given keywords at every site, attention included.
 
 Tensor parallelism: each embedding's convs are column- then row-parallel (the first embedding's
 third conv whole, its shortcut row-parallel on the split first activation; the later shortcuts
@@ -19,7 +22,8 @@ whole); attention splits whole heads; the MLP is ``fc1`` column- / ``fc2`` row-p
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +31,11 @@ from flax import nnx
 
 from snnjax import layers
 from snnjax.models import remat
-from snnjax.models.neuron_options import NeuronOptions
+from snnjax.models.neuron_options import Neurons
+from snnjax.models.registry import DataShape, image_frame, register
 from snnjax.models.spiking_attention import TORCH_INIT, Projection, QKAttention, SpikingSelfAttention
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import surrogate as sg
+from snnjax.neurons.modules import BaseNode
 
 
 class ConvBN(nnx.Module):
@@ -49,7 +54,7 @@ class ConvBN(nnx.Module):
 class PatchEmbedInit(nnx.Module):
     """The first embedding: ``[T, N, H, W, C] -> [T, N, H/4, W/4, out]`` (see the module docstring)."""
 
-    def __init__(self, cin, cout, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, cin, cout, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         hidden = cout // 2
         self.conv1, self.lif1 = ConvBN(cin, hidden, 3, ("embed", "mlp"), **kw), neurons.make()
@@ -66,7 +71,7 @@ class PatchEmbedInit(nnx.Module):
 class PatchEmbedStage(nnx.Module):
     """A later embedding: ``[T, N, H, W, cin] -> [T, N, H/2, W/2, cout]``."""
 
-    def __init__(self, cin, cout, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, cin, cout, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.conv1, self.lif1 = ConvBN(cin, cout, 3, ("embed", "mlp"), **kw), neurons.make()
         self.conv2, self.lif2 = ConvBN(cout, cout, 3, ("mlp", "embed"), **kw), neurons.make()
@@ -80,7 +85,7 @@ class PatchEmbedStage(nnx.Module):
 class QKFormerMLP(nnx.Module):
     """``SN(BN(W2 SN(BN(W1 x))))`` on tokens (biases on both)."""
 
-    def __init__(self, dim, hidden, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, dim, hidden, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.fc1, self.lif1 = Projection(dim, hidden, use_bias=True, axes=("embed", "mlp"), **kw), neurons.make()
         self.fc2, self.lif2 = Projection(hidden, dim, use_bias=True, axes=("mlp", "embed"), **kw), neurons.make()
@@ -92,7 +97,7 @@ class QKFormerMLP(nnx.Module):
 class QKFormerBlock(nnx.Module):
     """``x + attn(x)`` then ``x + MLP(x)`` on ``[T, N, H, W, D]`` (the tokens of the grid)."""
 
-    def __init__(self, dim, num_heads, mlp_ratio, qka_type, self_attention, neurons: NeuronOptions, *, rngs,
+    def __init__(self, dim, num_heads, mlp_ratio, qka_type, self_attention, neurons: Neurons, *, rngs,
                  dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.attn = (SpikingSelfAttention(dim, num_heads, neurons, **kw) if self_attention
@@ -108,22 +113,21 @@ class QKFormerBlock(nnx.Module):
 
 
 class QKFormer(nnx.Module):
-    """Input ``[T, N, H, W, C]`` or a static image ``[N, H, W, C]`` repeated ``T`` times; logits ``[T, N, classes]``."""
+    """Input ``[T, N, H, W, C]`` or a static image ``[N, H, W, C]`` repeated ``T`` times; logits ``[T, N, classes]``
+    (SpikingJelly's: ``out.mean(0)``). SpikingJelly's keywords; ``spiking_neuron`` and ``**kwargs`` (the neuron
+    keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
 
-    def __init__(self, *, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
+    def __init__(self, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
                  num_heads: Sequence[int] = (3, 6, 6), depths: Sequence[int] = (1, 2, 7), mlp_ratio: float = 4.0,
-                 qka_type: str = "token", spiking_neuron: str = "LIF", tau: float = 2.0, decay_input: bool = True,
-                 v_threshold: float = 1.0, v_reset: float | None = 0.0,
-                 surrogate_function: sg.Surrogate = sg.Sigmoid(), detach_reset: bool = False,
-                 attn_detach_reset: bool = True, attn_v_threshold: float = 0.5, rngs: nnx.Rngs, dtype=None,
-                 param_dtype=None):
+                 qka_type: str = "token", spiking_neuron: type[BaseNode] | str | None = None,
+                 *, rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         num_heads, depths = tuple(num_heads), tuple(depths)
         if len(num_heads) != 3 or len(depths) != 3:
             raise ValueError(f"num_heads and depths take one value per stage (three each), got {num_heads}, {depths}")
         if embed_dims % 4:
             raise ValueError(f"embed_dims must be divisible by 4 (stage widths D/4, D/2, D), got {embed_dims}")
-        neurons = NeuronOptions(spiking_neuron, tau, decay_input, v_threshold, v_reset, surrogate_function,
-                                detach_reset, attn_detach_reset, attn_v_threshold)
+        neurons = Neurons.of(spiking_neuron, kwargs, model=type(self).__name__)
+        rngs = nnx.Rngs(0) if rngs is None else rngs
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.T = T
         dims = (embed_dims // 4, embed_dims // 2, embed_dims)
@@ -186,6 +190,15 @@ def _head(head: nnx.Module, x: jax.Array) -> jax.Array:
     return head(jnp.mean(x, axis=(2, 3)))
 
 
-def qkformer_10_384(**kwargs) -> QKFormer:
-    """QKFormer-10-384: 384 dims, depths (1, 2, 7), 6 heads per stage (SpikingJelly's ``qkformer_10_384``)."""
-    return QKFormer(**{"embed_dims": 384, "num_heads": (6, 6, 6), "depths": (1, 2, 7), **kwargs})
+def qkformer_10_384(T: int = 4, in_channels: int = 3, num_classes: int = 1000,
+                    spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> QKFormer:
+    """SpikingJelly's ``qkformer_10_384``: 384 dims, depths (1, 2, 7), 6 heads per stage; logits ``[T, N, classes]``."""
+    return QKFormer(T=T, in_channels=in_channels, num_classes=num_classes, embed_dims=384, num_heads=(6, 6, 6),
+                    depths=(1, 2, 7), spiking_neuron=spiking_neuron, **kwargs)
+
+
+def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_channels": image_frame(data, "qkformer")[2], "num_classes": data.num_classes, "T": data.time_steps}
+
+
+register("qkformer", QKFormer, _sizes, ("in_channels", "num_classes", "T"))

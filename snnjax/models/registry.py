@@ -1,28 +1,24 @@
 """Model registry: build a model by name from config-style keyword arguments, its sizes read from the data.
 
-Each entry names the model's constructor and how its input/output sizes follow from the data
-(:class:`DataShape`), so the trainer needs no per-model code: adding a model is one entry here.
+Each model file registers its names (``register``) with its constructor and how its input/output
+sizes follow from the data (:class:`DataShape`), so the trainer needs no per-model code: a new family
+registers from its own file (imported by ``snnjax.models``).
+
+Config values: ``spiking_neuron`` is a neuron name (``IF``, ``LIF``, ``PLIF``); ``surrogate_function`` a
+surrogate name (``"atan"``); a neuron keyword left None is not given (the neuron's or the model's default
+applies), except ``v_reset``, where None is the soft reset (its config default is 0.0, every neuron's own).
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
 from flax import nnx
 
-from snnjax.models.mlp import SpikingMLP
-from snnjax.models.ms_resnet import MaxResNet, MSResNet
-from snnjax.models.plif_net import PRESETS as PLIF_PRESETS
-from snnjax.models.plif_net import ParametricLIFNet
-from snnjax.models.qkformer import QKFormer
-from snnjax.models.resnet import ResNet
-from snnjax.models.sdt import SpikeDrivenTransformer
-from snnjax.models.spikformer import Spikformer
-from snnjax.models.vgg import CIFAR10DVSVGG, DEFAULT_POOLS
+from snnjax.models.neuron_options import KEYWORD_TYPES
 from snnjax.neurons import IMPLS, set_impl
 from snnjax.neurons import surrogate as sg
 
@@ -62,9 +58,30 @@ class ModelEntry:
     sizes: Callable[[DataShape, Mapping[str, Any]], dict[str, Any]]
     size_keys: tuple[str, ...]  # the keywords ``sizes`` returns (left out of model_config)
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the preset's constructor keywords
+    option_types: Mapping[str, type] = dataclasses.field(default_factory=dict)  # types of options defaulting to None
 
 
-def _image(data: DataShape, model: str) -> tuple[int, int, int]:
+REGISTRY: dict[str, ModelEntry] = {}
+
+
+def register(name: str, build: Callable[..., nnx.Module], sizes: Callable[[DataShape, Mapping[str, Any]], dict],
+             size_keys: tuple[str, ...], defaults: Mapping[str, Any] | None = None,
+             option_types: Mapping[str, type] | None = None) -> None:
+    """Register model ``name`` (a config's ``model.name``): ``build(**options, **sizes, rngs=, dtype=, param_dtype=)``.
+
+    ``sizes(data, options)`` returns the ``size_keys`` keywords from the data; ``defaults`` are the preset's
+    constructor keywords; ``option_types`` the types of constructor options whose default is None (so a config
+    holds a typed placeholder the command line can set). A constructor taking ``**kwargs`` (the neuron keywords,
+    ``snnjax.models.neuron_options``) gets the config keys ``KEYWORD_TYPES``.
+    """
+    old = REGISTRY.get(name)
+    if old is not None and (old.build.__module__, old.build.__qualname__) != (build.__module__, build.__qualname__):
+        raise ValueError(f"model {name!r} is already registered by {old.build.__module__}.{old.build.__qualname__}")
+    REGISTRY[name] = ModelEntry(build, sizes, tuple(size_keys), dict(defaults or {}), dict(option_types or {}))
+
+
+def image_frame(data: DataShape, model: str) -> tuple[int, int, int]:
+    """``(H, W, C)`` of image data, or a ``ValueError`` saying ``model`` takes image frames."""
     if len(data.frame_shape) != 3:
         raise ValueError(f"model {model!r} takes image frames [H, W, C]; the data gives examples of shape "
                          f"{data.frame_shape} per time step: choose a model such as 'mlp' or image data")
@@ -72,85 +89,20 @@ def _image(data: DataShape, model: str) -> tuple[int, int, int]:
     return h, w, c
 
 
-def _mlp_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    return {"in_features": math.prod(data.frame_shape), "num_classes": data.num_classes}
-
-
-def _vgg_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    h, w, c = _image(data, "cifar10dvs_vgg")
-    if h != w:
-        raise ValueError(f"model 'cifar10dvs_vgg' takes square frames (one image_size); the data gives {h}x{w}: "
-                         "resize it (e.g. --config.data.options.size=48) or choose another model")
-    min_size = 2 ** (sum(map(bool, options.get("pools", DEFAULT_POOLS))) + 1)  # each pool and the final one halve
-    if h < min_size:
-        raise ValueError(f"model 'cifar10dvs_vgg' pools its frames down by {min_size}; the data gives {h}x{w}: "
-                         f"choose data with frames of at least {min_size}x{min_size}, fewer model.pools, or "
-                         "another model")
-    return {"in_channels": c, "image_size": h, "num_classes": data.num_classes}
-
-
-def _spikformer_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    h, w, c = _image(data, "spikformer")
-    return {"in_channels": c, "img_size": (h, w), "num_classes": data.num_classes, "T": data.time_steps}
-
-
-def _transformer_sizes(name: str):
-    def sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-        return {"in_channels": _image(data, name)[2], "num_classes": data.num_classes, "T": data.time_steps}
-    return sizes
-
-
-def _resnet_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    h, w, c = _image(data, "resnet")
-    return {"in_channels": c, "num_classes": data.num_classes}
-
-
-def _ms_resnet_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    return {"in_channels": _image(data, "ms_resnet")[2], "num_classes": data.num_classes, "T": data.time_steps}
-
-
-def _plif_sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
-    h, w, c = _image(data, "parametric-LIF net")
-    stages = options.get("stages", 5)
-    if h != w or h < 2 ** stages:
-        raise ValueError(f"the parametric-LIF nets take square frames of at least {2 ** stages}x{2 ** stages} "
-                         f"(model.stages={stages} poolings); the data gives {h}x{w}: resize it (e.g. "
-                         "--config.data.options.size=128) or lower model.stages")
-    return {"in_channels": c, "image_size": h, "num_classes": data.num_classes}
-
-
-_RESNET_SIZES = ("in_channels", "num_classes")
-_PLIF_SIZES = ("in_channels", "image_size", "num_classes")
-_MS_RESNET_SIZES = ("in_channels", "num_classes", "T")
-
-REGISTRY: dict[str, ModelEntry] = {
-    "mlp": ModelEntry(SpikingMLP, _mlp_sizes, ("in_features", "num_classes")),
-    "cifar10dvs_vgg": ModelEntry(CIFAR10DVSVGG, _vgg_sizes, ("in_channels", "image_size", "num_classes")),
-    "spikformer": ModelEntry(Spikformer, _spikformer_sizes, ("in_channels", "img_size", "num_classes", "T")),
-    "sdt": ModelEntry(SpikeDrivenTransformer, _transformer_sizes("sdt"), ("in_channels", "num_classes", "T")),
-    "qkformer": ModelEntry(QKFormer, _transformer_sizes("qkformer"), ("in_channels", "num_classes", "T")),
-    **{f"spiking_resnet{d}": ModelEntry(ResNet, _resnet_sizes, _RESNET_SIZES, {"depth": d, "cnf": None})
-       for d in (18, 34, 50)},
-    **{f"sew_resnet{d}": ModelEntry(ResNet, _resnet_sizes, _RESNET_SIZES, {"depth": d, "cnf": "ADD"})
-       for d in (18, 34, 50)},
-    "ms_resnet18": ModelEntry(MSResNet, _ms_resnet_sizes, _MS_RESNET_SIZES, {"stage_blocks": (2, 2, 2, 2)}),
-    "ms_resnet34": ModelEntry(MSResNet, _ms_resnet_sizes, _MS_RESNET_SIZES, {"stage_blocks": (3, 4, 6, 3)}),
-    "max_resnet18": ModelEntry(MaxResNet, _ms_resnet_sizes, _MS_RESNET_SIZES,
-                               {"stage_blocks": (3, 3, 2), "stage_channels": (128, 256, 512), "stem_kernel_size": 3,
-                                "stem_stride": 1}),
-    **{f"{name}_net": ModelEntry(ParametricLIFNet, _plif_sizes, _PLIF_SIZES, preset)
-       for name, preset in PLIF_PRESETS.items()},
-}
-MODELS: dict[str, Callable[..., nnx.Module]] = {name: entry.build for name, entry in REGISTRY.items()}
 _BUILT_BY_TRAINER = {"rngs", "dtype", "param_dtype"}
 # Options every model takes besides its constructor's: the multi-step neurons' implementation
 # (``snnjax.neurons.dispatch``; set on the built model's neurons).
 COMMON_OPTIONS = {"neuron_impl": "auto"}
-TUPLE_KEYS = ("widths", "pools", "hidden", "stage_blocks", "stage_channels")  # sequences (tuples in the config)
-# Options whose None default means "not given" (MS-ResNet's neuron keywords, resolved as SpikingJelly does), by
-# type: the config holds a typed placeholder so that the command line can set them.
-UNSET_TYPES = {"spiking_neuron": str, "tau": float, "decay_input": bool, "v_threshold": float,
-               "surrogate_function": str, "detach_reset": bool, **{k: tuple for k in TUPLE_KEYS}}
+
+
+def _parameters(name: str) -> dict[str, inspect.Parameter]:
+    build = REGISTRY[name].build
+    params = inspect.signature(build.__init__ if inspect.isclass(build) else build).parameters
+    return {k: p for k, p in params.items() if k != "self"}
+
+
+def _takes_neuron_keywords(name: str) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _parameters(name).values())
 
 
 def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -161,38 +113,46 @@ def sizes_from_data(name: str, data: DataShape, options: Mapping[str, Any] | Non
     Raises:
       ValueError: unknown model or option, or data the model cannot take (the message says what to change).
     """
-    options = {**REGISTRY[name].defaults, **(options or {})} if name in REGISTRY else dict(options or {})
-    check_model_kwargs(name, options)
+    check_model_kwargs(name, options or {})
+    options = {**REGISTRY[name].defaults, **(options or {})}
     return REGISTRY[name].sizes(data, options)
 
 
 def allowed_kwargs(name: str) -> list[str]:
     """The constructor arguments a config may set for model ``name``."""
-    params = inspect.signature(MODELS[name].__init__).parameters
-    return sorted([k for k in params if k not in _BUILT_BY_TRAINER and k != "self"] + list(COMMON_OPTIONS))
+    named = [k for k, p in _parameters(name).items()
+             if k not in _BUILT_BY_TRAINER and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    neuron = list(KEYWORD_TYPES) if _takes_neuron_keywords(name) else []
+    return sorted(set(named + neuron + list(COMMON_OPTIONS)))
 
 
 def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
     """Config of model ``name``: every constructor option with its default (surrogates by name), then ``overrides``.
 
-    The sizes the data gives (the entry's ``size_keys``) are left out unless given in ``overrides``.
+    The sizes the data gives (the entry's ``size_keys``) are left out unless given in ``overrides``; the neuron
+    keywords are unset placeholders (None: not given) but ``v_reset`` (0.0).
     """
     check_model_kwargs(name, overrides)
-    params = inspect.signature(MODELS[name].__init__).parameters
+    entry, params = REGISTRY[name], _parameters(name)
+    types = {**KEYWORD_TYPES, "spiking_neuron": str, **entry.option_types}
     c = ml_collections.ConfigDict({"name": name})
     for key in allowed_kwargs(name):
         if key in COMMON_OPTIONS:
             c[key] = COMMON_OPTIONS[key]
             continue
-        default = params[key].default
-        if key in REGISTRY[name].size_keys or default is inspect.Parameter.empty:
+        if key in entry.size_keys:
             continue
+        if key in params:
+            default = params[key].default
+            if default is inspect.Parameter.empty:
+                continue
+        else:  # a neuron keyword: not given
+            default = 0.0 if key == "v_reset" else None
+        default = entry.defaults.get(key, default)
         if key == "surrogate_function" and default is not None:
             default = sg.name_of(default)
-        default = REGISTRY[name].defaults.get(key, default)
         # An option left unset (None) stays overridable from the command line, with its type.
-        c[key] = ml_collections.config_dict.placeholder(UNSET_TYPES[key]) if default is None and key in UNSET_TYPES \
-            else default
+        c[key] = ml_collections.config_dict.placeholder(types[key]) if default is None and key in types else default
     for key, value in overrides.items():
         c[key] = value
     return c
@@ -200,8 +160,8 @@ def model_config(name: str, **overrides: Any) -> ml_collections.ConfigDict:
 
 def check_model_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` naming the model, the bad keys and the allowed ones."""
-    if name not in MODELS:
-        raise ValueError(f"model.name={name!r} is not a model; choose one of {sorted(MODELS)}")
+    if name not in REGISTRY:
+        raise ValueError(f"model.name={name!r} is not a model; choose one of {sorted(REGISTRY)}")
     allowed = allowed_kwargs(name)
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
@@ -210,7 +170,8 @@ def check_model_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
 
 def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
                  param_dtype=None) -> nnx.Module:
-    """``MODELS[name](**kwargs)``; ``surrogate_function`` may be given by name (e.g. ``"atan"``)."""
+    """Model ``name`` built from config values ``kwargs`` (see the module docstring: names for the neuron class and
+    the surrogate, None for a neuron keyword not given; lists become tuples)."""
     check_model_kwargs(name, kwargs)
     kwargs = {**REGISTRY[name].defaults, **kwargs}
     impl = kwargs.pop("neuron_impl", COMMON_OPTIONS["neuron_impl"])
@@ -218,9 +179,8 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
         raise ValueError(f"model.neuron_impl={impl!r} is not a neuron implementation; choose one of {list(IMPLS)}")
     if isinstance(kwargs.get("surrogate_function"), str):
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
-    for key in TUPLE_KEYS:
-        if key in kwargs and kwargs[key] is not None:
-            kwargs[key] = tuple(kwargs[key])
-    model = MODELS[name](**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()
+              if not (k in KEYWORD_TYPES and k != "v_reset" and v is None)}
+    model = REGISTRY[name].build(**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     set_impl(model, impl)
     return model

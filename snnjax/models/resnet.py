@@ -10,6 +10,14 @@ striding by 2), ``AdaptiveAvgPool(1) -> Linear``. Input ``[T, N, H, W, C]``, log
   spikes, ``sew_connect(identity, out)`` (basic block) or ``sew_connect(out, identity)`` (bottleneck),
   the projection shortcut being ``Conv1x1 -> BatchNorm -> neuron``.
 
+Constructors: SpikingJelly's ``spiking_resnet18/34/50(pretrained=False, progress=True, spiking_neuron=None,
+**kwargs)`` and ``sew_resnet18/34/50(..., cnf=None, ...)``; ``kwargs`` holds ``ResNet``'s keywords and the
+neuron keywords every neuron gets (``snnjax.models.neuron_options``). As in SpikingJelly the neuron class
+is required (``snnjax.neurons.IFNode``, ..., or a name), and so is ``cnf`` for SEW-ResNet. snnjax adds
+``in_channels`` (SpikingJelly's stem takes 3), ``widths``, ``stage_blocks`` and ``rngs`` (default
+``nnx.Rngs(0)``); torch's ``groups``, ``width_per_group``, ``replace_stride_with_dilation`` and ``norm_layer``
+are accepted at their defaults only. Output: logits ``[T, N, classes]``, as SpikingJelly's.
+
 Variable names follow the torch modules (``conv1``, ``bn1``, ``sn1``, ``layer2[0].conv1``, ...;
 torch's ``downsample.0`` / ``downsample.1`` are ``downsample_conv`` / ``downsample_bn``).
 
@@ -19,7 +27,8 @@ and the shortcut projections stay whole.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,14 +36,16 @@ from flax import nnx
 
 from snnjax import layers
 from snnjax.models import remat
-from snnjax.models.neuron_choice import make_neuron, neuron_options
+from snnjax.models.neuron_options import Neurons
+from snnjax.models.registry import DataShape, image_frame, register
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import ATan
-from snnjax.neurons.surrogate import Surrogate
+from snnjax.neurons.modules import BaseNode
 
 BLOCKS = ("basic", "bottleneck")
 DEPTHS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)), 50: ("bottleneck", (3, 4, 6, 3))}
 DEFAULT_WIDTHS = (64, 128, 256, 512)
+# SpikingJelly's torch-only ResNet keywords, accepted at these defaults only.
+TORCH_DEFAULTS = {"groups": 1, "width_per_group": 64, "replace_stride_with_dilation": None, "norm_layer": None}
 
 # torch's kaiming_normal_(mode="fan_out", nonlinearity="relu"), as SpikingJelly initialises the convs.
 _conv_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -58,7 +69,7 @@ class ResidualBlock(nnx.Module):
     ``cnf`` None: Spiking ResNet's block; ``ADD`` / ``AND`` / ``IAND``: SEW-ResNet's.
     """
 
-    def __init__(self, cin: int, planes: int, stride: int, block: str, cnf: str | None, neuron: dict,
+    def __init__(self, cin: int, planes: int, stride: int, block: str, cnf: str | None, neurons: Neurons,
                  zero_init_residual: bool, kw: dict):
         self.block, self.cnf = block, cnf
         expansion = 4 if block == "bottleneck" else 1
@@ -66,22 +77,22 @@ class ResidualBlock(nnx.Module):
         zero = zero_init_residual
         if block == "basic":
             self.conv1 = _conv(cin, planes, 3, stride, ("embed", "mlp"), kw)
-            self.bn1, self.sn1 = _bn(planes, "mlp", kw), make_neuron(**neuron)
+            self.bn1, self.sn1 = _bn(planes, "mlp", kw), neurons.make()
             self.conv2 = _conv(planes, planes, 3, 1, ("mlp", "embed"), kw)
-            self.bn2, self.sn2 = _bn(planes, "embed", kw, zero), make_neuron(**neuron)
+            self.bn2, self.sn2 = _bn(planes, "embed", kw, zero), neurons.make()
         else:
             self.conv1 = _conv(cin, planes, 1, 1, ("embed", "mlp"), kw)
-            self.bn1, self.sn1 = _bn(planes, "mlp", kw), make_neuron(**neuron)
+            self.bn1, self.sn1 = _bn(planes, "mlp", kw), neurons.make()
             self.conv2 = _conv(planes, planes, 3, stride, ("mlp", "embed"), kw)
-            self.bn2, self.sn2 = _bn(planes, "embed", kw), make_neuron(**neuron)
+            self.bn2, self.sn2 = _bn(planes, "embed", kw), neurons.make()
             self.conv3 = _conv(planes, cout, 1, 1, ("embed", "embed"), kw)
-            self.bn3, self.sn3 = _bn(cout, "embed", kw, zero), make_neuron(**neuron)
+            self.bn3, self.sn3 = _bn(cout, "embed", kw, zero), neurons.make()
         self.has_downsample = stride != 1 or cin != cout
         if self.has_downsample:
             self.downsample_conv = _conv(cin, cout, 1, stride, ("embed", "embed"), kw)
             self.downsample_bn = _bn(cout, "embed", kw)
             if cnf is not None:
-                self.downsample_sn = make_neuron(**neuron)
+                self.downsample_sn = neurons.make()
 
     def __call__(self, x: jax.Array) -> jax.Array:
         identity = x
@@ -113,26 +124,28 @@ class ResNet(nnx.Module):
 
     ``widths``: the four stages' planes (SpikingJelly's 64, 128, 256, 512; the stem has ``widths[0]``
     channels). ``stage_blocks``: blocks per stage (SpikingJelly's ``layers``), by default the depth's
-    (18: 2, 2, 2, 2; 34 and 50: 3, 4, 6, 3); the depth then only picks the block kind. The neuron
-    options are those SpikingJelly passes to ``spiking_neuron`` (IF with ATan and ``detach_reset`` by
-    default, the SEW-ResNet paper's ImageNet setting).
+    (18: 2, 2, 2, 2; 34 and 50: 3, 4, 6, 3); the depth then only picks the block kind.
+    ``spiking_neuron`` (required) and ``**kwargs``, the neuron keywords, build every neuron
+    (``snnjax.models.neuron_options``). Input ``[T, N, H, W, C]``; logits ``[T, N, num_classes]``.
     """
 
     def __init__(self, *, depth: int = 18, cnf: str | None = None, widths: Sequence[int] = DEFAULT_WIDTHS,
                  stage_blocks: Sequence[int] | None = None, in_channels: int = 3, num_classes: int = 1000,
-                 zero_init_residual: bool = False,
-                 neuron: str = "IF", tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
-                 v_reset: float | None = 0.0, surrogate_function: Surrogate = ATan(), detach_reset: bool = True,
-                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+                 zero_init_residual: bool = False, spiking_neuron: type[BaseNode] | str | None = None,
+                 rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         if depth not in DEPTHS:
             raise ValueError(f"model.depth must be one of {sorted(DEPTHS)}, got {depth}")
         if cnf is not None and cnf not in layers.CONNECTS:
             raise ValueError(f"model.cnf must be None (Spiking ResNet) or one of {layers.CONNECTS}, got {cnf!r}")
         if len(widths) != 4:
             raise ValueError(f"model.widths must give the 4 stages' widths, got {tuple(widths)}")
-        nrn = neuron_options(neuron, tau=tau, decay_input=decay_input, v_threshold=v_threshold, v_reset=v_reset,
-                             surrogate_function=surrogate_function, detach_reset=detach_reset)
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        name = f"{'sew' if cnf else 'spiking'}_resnet{depth}"
+        for key, default in TORCH_DEFAULTS.items():
+            value = kwargs.pop(key, default)
+            if value != default and not (default is None and not any(value or ())):
+                raise ValueError(f"{name}: {key}={value!r} is not supported (only SpikingJelly's default {default!r})")
+        nrn = Neurons.of(spiking_neuron, kwargs, model=name, required=True)
+        kw = dict(rngs=nnx.Rngs(0) if rngs is None else rngs, dtype=dtype, param_dtype=param_dtype)
         block, counts = DEPTHS[depth]
         if stage_blocks is not None:
             if len(stage_blocks) != 4 or min(stage_blocks) < 1:
@@ -140,7 +153,7 @@ class ResNet(nnx.Module):
             counts = tuple(stage_blocks)
         self.depth, self.cnf = depth, cnf
         self.conv1 = _conv(in_channels, widths[0], 7, 2, ("embed", "embed"), kw)
-        self.bn1, self.sn1 = _bn(widths[0], "embed", kw), make_neuron(**nrn)
+        self.bn1, self.sn1 = _bn(widths[0], "embed", kw), nrn.make()
         cin = widths[0]
         for s, (planes, n) in enumerate(zip(widths, counts, strict=True)):
             blocks = []
@@ -196,11 +209,57 @@ def _head(fc: nnx.Module, x: jax.Array) -> jax.Array:
     return fc(jnp.mean(x, axis=(-3, -2)))
 
 
-def spiking_resnet(depth: int, **kwargs) -> ResNet:
-    """SpikingJelly's ``spiking_resnet{depth}``."""
-    return ResNet(depth=depth, cnf=None, **kwargs)
+def _resnet(depth: int, cnf: str | None, pretrained: bool, spiking_neuron, kwargs: dict, sew: bool = False) -> ResNet:
+    if pretrained:
+        raise ValueError("pretrained=True: snnjax downloads no weights; load SpikingJelly's with "
+                         "snnjax.interop.spikingjelly.import_state_dict(model, state_dict)")
+    if sew and cnf is None:
+        raise ValueError(f"sew_resnet{depth} needs cnf, the connect function: one of {layers.CONNECTS}")
+    return ResNet(depth=depth, cnf=cnf, spiking_neuron=spiking_neuron, **kwargs)
 
 
-def sew_resnet(depth: int, cnf: str = "ADD", **kwargs) -> ResNet:
-    """SpikingJelly's ``sew_resnet{depth}`` with connect function ``cnf``."""
-    return ResNet(depth=depth, cnf=cnf, **kwargs)
+def spiking_resnet18(pretrained: bool = False, progress: bool = True,
+                     spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``spiking_resnet18``: ``kwargs`` are ``ResNet``'s keywords and the neuron keywords."""
+    return _resnet(18, None, pretrained, spiking_neuron, kwargs)
+
+
+def spiking_resnet34(pretrained: bool = False, progress: bool = True,
+                     spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``spiking_resnet34`` (see ``spiking_resnet18``)."""
+    return _resnet(34, None, pretrained, spiking_neuron, kwargs)
+
+
+def spiking_resnet50(pretrained: bool = False, progress: bool = True,
+                     spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``spiking_resnet50`` (see ``spiking_resnet18``)."""
+    return _resnet(50, None, pretrained, spiking_neuron, kwargs)
+
+
+def sew_resnet18(pretrained: bool = False, progress: bool = True, cnf: str | None = None,
+                 spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``sew_resnet18`` with connect function ``cnf`` (``ADD``, ``AND``, ``IAND``; required)."""
+    return _resnet(18, cnf, pretrained, spiking_neuron, kwargs, sew=True)
+
+
+def sew_resnet34(pretrained: bool = False, progress: bool = True, cnf: str | None = None,
+                 spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``sew_resnet34`` (see ``sew_resnet18``)."""
+    return _resnet(34, cnf, pretrained, spiking_neuron, kwargs, sew=True)
+
+
+def sew_resnet50(pretrained: bool = False, progress: bool = True, cnf: str | None = None,
+                 spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> ResNet:
+    """SpikingJelly's ``sew_resnet50`` (see ``sew_resnet18``)."""
+    return _resnet(50, cnf, pretrained, spiking_neuron, kwargs, sew=True)
+
+
+def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_channels": image_frame(data, "resnet")[2], "num_classes": data.num_classes}
+
+
+for _depth in DEPTHS:
+    register(f"spiking_resnet{_depth}", ResNet, _sizes, ("in_channels", "num_classes"), {"depth": _depth, "cnf": None},
+             {"stage_blocks": tuple})
+    register(f"sew_resnet{_depth}", ResNet, _sizes, ("in_channels", "num_classes"), {"depth": _depth, "cnf": "ADD"},
+             {"stage_blocks": tuple})

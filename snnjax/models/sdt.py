@@ -6,11 +6,14 @@ gets a relative position embedding, ``u + BN(Conv3x3(SN(u)))``. ``pooling_stat``
 says which stages pool (``"1111"``: a /16 token grid). Tokens ``[T, N, L, D]`` then pass ``depths``
 blocks, each Spike-Driven Self-Attention (``snnjax.models.spiking_attention``) and an MLP with
 membrane shortcuts, ``u + BN(W2 SN(h)) (+ h when hidden == D)`` with ``h = BN(W1 SN(u))``. The head
-fires a neuron on the token mean and maps it to logits ``[T, N, classes]`` (SpikingJelly returns
-their time mean, ``[N, classes]``).
+fires a neuron on the token mean and maps it to logits ``[T, N, classes]`` (SpikingJelly's model
+returns their time mean, ``out.mean(0)``: the zoo's contract is per-step logits, the trainer's loss
+averages over T).
 
-Neurons: ``spiking_neuron`` and its keywords (``snnjax.models.neuron_options``); the defaults are
-SpikingJelly's (LIF tau=2; inside attention ``detach_reset=True`` and the attention map's threshold 0.5).
+Neurons: ``spiking_neuron`` and the neuron keywords (``**kwargs``), as SpikingJelly builds them
+(``snnjax.models.neuron_options``): with None, LIF (tau 2) with the given keywords, inside attention
+over the attention sites' own defaults (``detach_reset=True``, the attention map's threshold 0.5); with
+a class, that class with the given keywords at every site, attention included.
 
 Tensor parallelism: the stem alternates column- / row-parallel convs (the fourth is row-parallel,
 so tokens leave it whole); attention splits whole heads; the MLP is ``fc1`` column- / ``fc2``
@@ -19,6 +22,8 @@ row-parallel. The position-embedding conv and the head stay whole.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +31,11 @@ from flax import nnx
 
 from snnjax import layers
 from snnjax.models import remat
-from snnjax.models.neuron_options import NeuronOptions
+from snnjax.models.neuron_options import Neurons
+from snnjax.models.registry import DataShape, image_frame, register
 from snnjax.models.spiking_attention import TORCH_INIT, Projection, SpikeDrivenSelfAttention
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import surrogate as sg
+from snnjax.neurons.modules import BaseNode
 from snnjax.parallel.logical import alternate
 
 
@@ -41,7 +47,7 @@ def _conv(cin, cout, axes, *, use_bias=True, rngs, dtype, param_dtype):
 class PatchStage(nnx.Module):
     """``Conv3x3 -> BatchNorm -> SN -> [MaxPool(3, 2, 1)]`` on ``[T, N, H, W, C]``."""
 
-    def __init__(self, cin, cout, pool, neurons: NeuronOptions, axes, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, cin, cout, pool, neurons: Neurons, axes, *, rngs, dtype=None, param_dtype=None):
         self.pool = pool
         self.conv = _conv(cin, cout, axes, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.bn = layers.BatchNorm(cout, dtype=dtype, param_dtype=param_dtype, axes=axes[1:])
@@ -55,7 +61,7 @@ class PatchStage(nnx.Module):
 class FinalStage(nnx.Module):
     """``u = [MaxPool](BN(Conv3x3 x))``, then ``u + BN(Conv3x3(SN(u)))`` flattened to tokens ``[T, N, L, D]``."""
 
-    def __init__(self, cin, dim, pool, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, cin, dim, pool, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.pool = pool
         self.conv = _conv(cin, dim, alternate(3), **kw)
@@ -76,7 +82,7 @@ class FinalStage(nnx.Module):
 class SDTMLP(nnx.Module):
     """``h = BN(W1 SN(u)) (+ u if hidden == D)``, then ``BN(W2 SN(h)) + (h if hidden == D else u)``."""
 
-    def __init__(self, dim, hidden, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, dim, hidden, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.residual = dim == hidden
         self.lif1 = neurons.make()
@@ -94,7 +100,7 @@ class SDTMLP(nnx.Module):
 class SDTBlock(nnx.Module):
     """Spike-Driven Self-Attention then the MLP, each with its membrane shortcut, on ``[T, N, L, D]``."""
 
-    def __init__(self, dim, num_heads, mlp_ratio, neurons: NeuronOptions, *, rngs, dtype=None, param_dtype=None):
+    def __init__(self, dim, num_heads, mlp_ratio, neurons: Neurons, *, rngs, dtype=None, param_dtype=None):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.attn = SpikeDrivenSelfAttention(dim, num_heads, neurons, **kw)
         self.mlp = SDTMLP(dim, int(dim * mlp_ratio), neurons, **kw)
@@ -104,14 +110,14 @@ class SDTBlock(nnx.Module):
 
 
 class SpikeDrivenTransformer(nnx.Module):
-    """Input ``[T, N, H, W, C]`` or a static image ``[N, H, W, C]`` repeated ``T`` times; logits ``[T, N, classes]``."""
+    """Input ``[T, N, H, W, C]`` or a static image ``[N, H, W, C]`` repeated ``T`` times; logits ``[T, N, classes]``
+    (SpikingJelly's: ``out.mean(0)``). SpikingJelly's keywords; ``spiking_neuron`` and ``**kwargs`` (the neuron
+    keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
 
-    def __init__(self, *, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
+    def __init__(self, T: int = 4, in_channels: int = 3, num_classes: int = 1000, embed_dims: int = 384,
                  num_heads: int = 8, depths: int = 8, mlp_ratio: float = 4.0, pooling_stat: str = "1111",
-                 spiking_neuron: str = "LIF", tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
-                 v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
-                 detach_reset: bool = False, attn_detach_reset: bool = True, attn_v_threshold: float = 0.5,
-                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+                 spiking_neuron: type[BaseNode] | str | None = None,
+                 *, rngs: nnx.Rngs | None = None, dtype=None, param_dtype=None, **kwargs):
         if len(pooling_stat) != 4 or set(pooling_stat) - {"0", "1"}:
             raise ValueError(f"pooling_stat must be four characters 0/1 (which patch stages pool), "
                              f"got {pooling_stat!r}")
@@ -119,8 +125,8 @@ class SpikeDrivenTransformer(nnx.Module):
             raise ValueError(f"embed_dims must be divisible by 8 (stem widths D/8, D/4, D/2, D), got {embed_dims}")
         if embed_dims % num_heads:
             raise ValueError(f"embed_dims={embed_dims} must be divisible by num_heads={num_heads}")
-        neurons = NeuronOptions(spiking_neuron, tau, decay_input, v_threshold, v_reset, surrogate_function,
-                                detach_reset, attn_detach_reset, attn_v_threshold)
+        neurons = Neurons.of(spiking_neuron, kwargs, model=type(self).__name__)
+        rngs = nnx.Rngs(0) if rngs is None else rngs
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.T = T
         pools = [c == "1" for c in pooling_stat]
@@ -176,6 +182,15 @@ def _head(model: SpikeDrivenTransformer, x: jax.Array) -> jax.Array:
     return model.head(model.head_lif(jnp.mean(x, axis=2)))
 
 
-def sdt_8_384(**kwargs) -> SpikeDrivenTransformer:
-    """SDT-8-384: 384 dims, depth 8, 8 heads (SpikingJelly's ``sdt_8_384``)."""
-    return SpikeDrivenTransformer(**{"embed_dims": 384, "num_heads": 8, "depths": 8, **kwargs})
+def sdt_8_384(T: int = 4, in_channels: int = 3, num_classes: int = 1000,
+              spiking_neuron: type[BaseNode] | str | None = None, **kwargs) -> SpikeDrivenTransformer:
+    """SpikingJelly's ``sdt_8_384``: 384 dims, depth 8, 8 heads; logits ``[T, N, classes]``."""
+    return SpikeDrivenTransformer(T=T, in_channels=in_channels, num_classes=num_classes, embed_dims=384, num_heads=8,
+                                  depths=8, spiking_neuron=spiking_neuron, **kwargs)
+
+
+def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"in_channels": image_frame(data, "sdt")[2], "num_classes": data.num_classes, "T": data.time_steps}
+
+
+register("sdt", SpikeDrivenTransformer, _sizes, ("in_channels", "num_classes", "T"))

@@ -17,16 +17,16 @@ paths start ``layers.i`` (and its SpikingJelly ``nn.Sequential`` key prefix is `
 
 ``Sequential.from_specs(in_shape, specs, rngs=...)`` builds the layers from plain dicts, the sizes
 following from ``in_shape`` (one example at one time step, ``(H, W, C)`` or ``(F,)``); a NIR graph
-imports into this form (``snnjax.interop.nir``), and ``dvs_gesture_net`` is built with it. Each spec
-has a ``kind`` (``KINDS``):
+imports into this form (``snnjax.interop.nir``). Each spec has a ``kind`` (``KINDS``):
 
 - ``{"kind": "conv", "features": O, "kernel": k, "stride": 1, "padding": 0, "bias": True}``
 - ``{"kind": "linear", "features": O, "bias": True}``
 - ``{"kind": "batchnorm"}``, ``{"kind": "dropout"}`` (rate 0: the identity)
 - ``{"kind": "flatten", "order": "hwc"}`` (``layers.Flatten``; ``"chw"`` is torch's order)
 - ``{"kind": "avgpool" | "maxpool", "size": k}`` (kernel = stride)
-- ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF", ...}`` plus the neuron's keywords (``tau``,
-  ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``, ``surrogate_function``)
+- ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF", ...}`` plus the neuron's keywords (``tau`` / PLIF's
+  ``init_tau``, ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``, ``surrogate_function``; the
+  names are ``snnjax.models.neuron_options.NEURONS``)
 
 A Sequential made only of these layers (however it was built) is a chain of the inference ops of
 ``snnjax.deploy.ops``: streaming, op counts, export and NIR take it.
@@ -42,13 +42,12 @@ from flax import nnx
 
 from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d, conv2d, dropout, linear
 from snnjax.models import remat
+from snnjax.models.neuron_options import NEURONS
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
 KINDS = ("flatten", "linear", "conv", "batchnorm", "avgpool", "maxpool", "dropout", "neuron")
-NEURONS = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
 _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their input is
 
 
@@ -159,24 +158,3 @@ def _build(i: int, spec: dict, shape: tuple[int, ...], rngs, dtype, param_dtype)
         spec["surrogate_function"] = sg.get(spec["surrogate_function"])
     return NEURONS[neuron](step_mode="m", **spec), shape
 
-
-def dvs_gesture_net(in_shape: Sequence[int] = (128, 128, 2), channels: int = 128, num_classes: int = 11, *,
-                    blocks: int = 5, hidden: int = 512, pool: str = "max", neuron: Mapping[str, Any] | None = None,
-                    rngs: nnx.Rngs, dtype=None, param_dtype=None) -> Sequential:
-    """SpikingJelly's DVSGestureNet layout from library layers: ``blocks`` x [Conv3x3 (no bias) -> BatchNorm ->
-    neuron -> pool 2], flatten, dropout, Linear(hidden) -> neuron, dropout, Linear(num_classes).
-
-    SpikingJelly ends with ``Linear(10 * num_classes) -> neuron -> VotingLayer(10)``; here the last layer is
-    a plain ``Linear(num_classes)`` giving logits. ``pool``: ``"max"`` (SpikingJelly's) or ``"avg"``.
-    ``neuron``: the neuron spec (default LIF, tau 2, hard reset to 0, detach_reset).
-    """
-    if pool not in ("max", "avg"):
-        raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
-    cell = {"kind": "neuron", "type": "LIF", "tau": 2.0, "detach_reset": True, **(neuron or {})}
-    specs: list[dict[str, Any]] = []
-    for _ in range(blocks):
-        specs += [{"kind": "conv", "features": channels, "kernel": 3, "padding": 1, "bias": False},
-                  {"kind": "batchnorm"}, dict(cell), {"kind": f"{pool}pool", "size": 2}]
-    specs += [{"kind": "flatten"}, {"kind": "dropout"}, {"kind": "linear", "features": hidden}, dict(cell),
-              {"kind": "dropout"}, {"kind": "linear", "features": num_classes}]
-    return Sequential.from_specs(in_shape, specs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

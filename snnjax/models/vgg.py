@@ -2,7 +2,13 @@
 
 Each block is ``[AvgPool2d(2)] -> Conv3x3 (bias) -> BatchNorm -> LIF``; after the
 last block ``AvgPool2d(2) -> flatten -> Dropout -> Linear``. Input
-``[T, N, H, W, C]``, output logits ``[T, N, num_classes]``.
+``[T, N, H, W, C]`` (SpikingJelly's takes ``[N, T, C, H, W]``), output logits ``[T, N, num_classes]``
+as SpikingJelly's.
+
+Neurons (``snnjax.models.neuron_options``): SpikingJelly's model takes ``tau`` (1.333), ``decay_input``
+(False), ``detach_reset`` (True) and ``surrogate_function`` (``ATan()``) for its LIF neurons; here they
+are the ``spiking_neuron=None`` defaults of the neuron keywords (``**kwargs``), and a
+``spiking_neuron`` class (an snnjax extension) takes the given keywords over its own defaults.
 
 Tensor parallelism: the convolutions alternate column-parallel (output channels
 ``mlp``) and row-parallel (input channels ``mlp``); bias, BatchNorm parameters and
@@ -13,16 +19,19 @@ over ``tensor`` too.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
 
 from snnjax import layers
 from snnjax.models import remat
+from snnjax.models.neuron_options import Neurons
+from snnjax.models.registry import DataShape, image_frame, register
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import ATan, LIFNode
-from snnjax.neurons.surrogate import Surrogate
+from snnjax.neurons import ATan
+from snnjax.neurons.modules import BaseNode
 from snnjax.parallel.logical import alternate, constrain
 
 DEFAULT_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)
@@ -30,18 +39,19 @@ DEFAULT_POOLS = (False, False, True, False, True, False, True, False)
 
 # torch's kaiming_normal_(mode="fan_out", nonlinearity="relu"), as SpikingJelly initialises the convs.
 _conv_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+NEURON_DEFAULTS = {"tau": 1.333, "decay_input": False, "detach_reset": True, "surrogate_function": ATan()}
 
 
 class VGGBlock(nnx.Module):
     """``[AvgPool2d(2)] -> Conv2d(3x3, padding 1) -> BatchNorm -> LIF`` on ``[T, N, H, W, C]``."""
 
-    def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: dict, *, rngs: nnx.Rngs,
+    def __init__(self, in_channels: int, out_channels: int, pool: bool, neuron: BaseNode, *, rngs: nnx.Rngs,
                  dtype=None, param_dtype=None, axes: tuple[str, str] = ("embed", "mlp")):
         self.pool = pool
         self.conv = layers.conv2d(in_channels, out_channels, 3, padding=1, kernel_init=_conv_init,
                                   rngs=rngs, dtype=dtype, param_dtype=param_dtype, axes=axes)
         self.bn = layers.BatchNorm(out_channels, dtype=dtype, param_dtype=param_dtype, axes=axes[1:])
-        self.neuron = LIFNode(step_mode="m", **neuron)
+        self.neuron = neuron
         self.row_parallel = axes[1] != "mlp"
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -54,21 +64,21 @@ class VGGBlock(nnx.Module):
 
 
 class CIFAR10DVSVGG(nnx.Module):
-    """Spiking VGG; ``widths``/``pools`` configure the 8 blocks (SpikingJelly's by default)."""
+    """Spiking VGG; ``widths``/``pools`` configure the 8 blocks (SpikingJelly's by default). ``spiking_neuron`` and
+    ``**kwargs`` (the neuron keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
 
     def __init__(self, *, widths: Sequence[int] = DEFAULT_WIDTHS, pools: Sequence[bool] = DEFAULT_POOLS,
                  in_channels: int = 2, image_size: int = 48, num_classes: int = 10, dropout: float = 0.25,
-                 tau: float = 1.333, decay_input: bool = False, detach_reset: bool = True,
-                 surrogate_function: Surrogate = ATan(), v_threshold: float = 1.0, v_reset: float | None = 0.0,
-                 rngs: nnx.Rngs, dtype=None, param_dtype=None):
+                 spiking_neuron: type[BaseNode] | str | None = None, rngs: nnx.Rngs | None = None, dtype=None,
+                 param_dtype=None, **kwargs):
         if len(widths) != len(pools):
             raise ValueError(f"widths ({len(widths)}) and pools ({len(pools)}) must have the same length")
-        neuron = dict(tau=tau, decay_input=decay_input, detach_reset=detach_reset,
-                      surrogate_function=surrogate_function, v_threshold=v_threshold, v_reset=v_reset)
+        neurons = Neurons.of(spiking_neuron, kwargs, model="CIFAR10DVSVGG")
+        rngs = nnx.Rngs(0) if rngs is None else rngs
         blocks, cin, size = [], in_channels, image_size
         for i, (w, p) in enumerate(zip(widths, pools, strict=True)):
-            blocks.append(VGGBlock(cin, w, p, neuron, rngs=rngs, dtype=dtype, param_dtype=param_dtype,
-                                   axes=alternate(i)))
+            blocks.append(VGGBlock(cin, w, p, neurons.make(**NEURON_DEFAULTS), rngs=rngs, dtype=dtype,
+                                   param_dtype=param_dtype, axes=alternate(i)))
             cin, size = w, size // 2 if p else size
         size //= 2  # the final AvgPool2d(2)
         if size < 1:
@@ -102,3 +112,19 @@ def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
 
 def _head(model: CIFAR10DVSVGG, x: jax.Array) -> jax.Array:
     return model.classifier(model.dropout(layers.flatten_features(layers.avg_pool2d(x, 2))))
+
+
+def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
+    h, w, c = image_frame(data, "cifar10dvs_vgg")
+    if h != w:
+        raise ValueError(f"model 'cifar10dvs_vgg' takes square frames (one image_size); the data gives {h}x{w}: "
+                         "resize it (e.g. --config.data.options.size=48) or choose another model")
+    min_size = 2 ** (sum(map(bool, options.get("pools", DEFAULT_POOLS))) + 1)  # each pool and the final one halve
+    if h < min_size:
+        raise ValueError(f"model 'cifar10dvs_vgg' pools its frames down by {min_size}; the data gives {h}x{w}: "
+                         f"choose data with frames of at least {min_size}x{min_size}, fewer model.pools, or "
+                         "another model")
+    return {"in_channels": c, "image_size": h, "num_classes": data.num_classes}
+
+
+register("cifar10dvs_vgg", CIFAR10DVSVGG, _sizes, ("in_channels", "image_size", "num_classes"))

@@ -14,7 +14,7 @@ import ml_collections
 from snnjax.data import ENCODERS, SOURCE_NAMES
 from snnjax.data.registry import OPTION_TYPES, dataset
 from snnjax.models import remat
-from snnjax.models.registry import MODELS, check_model_kwargs
+from snnjax.models.registry import REGISTRY, check_model_kwargs
 from snnjax.parallel.auto import OBJECTIVES
 from snnjax.parallel.mesh import parse_mesh_spec
 from snnjax.parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
@@ -133,7 +133,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("nonfinite", c.nonfinite, NONFINITE)
     _choice("data.name", c.data.name, SOURCE_NAMES)
     _choice("data.encoder", c.data.encoder, tuple(ENCODERS))
-    _choice("model.name", c.model.name, tuple(MODELS))
+    _choice("model.name", c.model.name, tuple(REGISTRY))
     _choice("parallel.mode", c.parallel.mode, PARALLEL_MODES)
     _choice("parallel.objective", c.parallel.objective, OBJECTIVES)
     _choice("parallel.zero_stage", c.parallel.zero_stage, (-1, 0, 1, 2))
