@@ -41,10 +41,7 @@ CALLS = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "calls.npz
 ALL = os.environ.get("SNNJAX_ALL_CALLS") == "1"
 TOLERANCE = check.TOLERANCE
 # calls whose snnjax model differs from SpikingJelly's (a finding: strict xfail, it must fail until fixed)
-KNOWN_MISMATCHES = {
-    "qkformer_plif": "patch_embed1.conv1 / bn1 / lif1.w gradients differ by 0.6-2.6% (outputs, every later gradient "
-                     "and the BatchNorm statistics agree to 1e-14)",
-}
+KNOWN_MISMATCHES: dict[str, str] = {}
 # a gradient below this fraction of the whole gradient's norm is analytically zero (a bias before train-mode
 # BatchNorm) and rounding noise on both sides: compared at that scale (as ``snnjax.interop.check``)
 NEGLIGIBLE = 1e-6
