@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REFERENCE_DIR, jax_setting
+from conftest import REFERENCE_DIR, quick_compiles
 from flax import nnx
 
 import snnjax
@@ -47,10 +47,10 @@ TORCHVISION = {"spiking_vgg11": 132_863_336, "spiking_vgg11_bn": 132_868_840, "s
 
 
 @pytest.fixture
-def quick_compiles():
-    """XLA:CPU without its expensive optimisations: the small models' programs compile faster (the full-size
-    models run far slower so: their golden test keeps them)."""
-    with jax_setting("jax_disable_most_optimizations", True):
+def fast_compiles():
+    """conftest's ``quick_compiles`` for one test: the small models' programs compile faster (the full-size
+    models run far slower so: their golden test keeps XLA's optimisations)."""
+    with quick_compiles():
         yield
 
 
@@ -201,7 +201,7 @@ def _train(batch_norm: bool, layout: str, devices: int, **kw):
     (True, "fsdp=2,tensor=2", 4, {}),
     (False, "stage=2,data=2", 4, {"pipeline": PipelineOptions("1f1b", 1, 2)}),  # no BatchNorm: microbatches agree
 ])
-def test_layouts_train_as_one_device(batch_norm, layout, devices, kw, x64, quick_compiles):
+def test_layouts_train_as_one_device(batch_norm, layout, devices, kw, x64, fast_compiles):
     ref_losses, ref = _train(batch_norm, "data=1", 1)
     losses, params = _train(batch_norm, layout, devices, **kw)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)
