@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from snnjax import neurons
 from snnjax.interop import spikingjelly
 from snnjax.models import (
     CIFAR10DVSVGG,
@@ -108,6 +109,53 @@ def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl:
         out["grad_w"] = rel_error(gw, arrays["grad_w"])
     out["ok"] = out["spike_mismatches"] == 0 and all(
         v <= TOLERANCE for k, v in out.items() if k != "spike_mismatches")
+    return out
+
+
+def catalogue_neuron(case: dict[str, Any]) -> BaseNode:
+    """The multi-step ``snnjax.neurons`` module a catalogue case names (``class`` and SpikingJelly's ``kwargs``)."""
+    cls = getattr(neurons, case["class"], None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseNode)):
+        raise ValueError(f"case class {case['class']!r} is not a neuron of snnjax.neurons")
+    kwargs = dict(case.get("kwargs", {}))
+    if "surrogate_function" in kwargs:
+        kwargs["surrogate_function"] = parse_surrogate(kwargs["surrogate_function"])
+    return cls(**kwargs, step_mode="m")
+
+
+def check_catalogue_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
+    """Recompute one catalogue case (a neuron module by class name, its parameters from ``param/``): outputs,
+    ``v_seq``, and the gradients of ``x`` and of every parameter (``grad/``). A neuron with no fused kernels runs
+    ``scan`` whatever ``impl`` names (the result's ``impl`` says which ran)."""
+    node = catalogue_neuron(case)
+    node.impl = impl if impl in ("auto", "scan") or node.kind is not None else "scan"
+    for name, value in case_arrays(arrays, "param/").items():
+        getattr(node, name).set_value(jnp.asarray(value))
+    graphdef, params, rest = nnx.split(node, nnx.Param, ...)
+    x, gy = jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"])
+
+    def loss(x, params):
+        y = nnx.merge(graphdef, params, rest)(x)
+        return jnp.sum(y * gy), y
+
+    (_, y), (gx, gp) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, params)
+    out = {"class": case["class"], "impl": dispatch.resolve_impl(node.impl, node.neuron, x)}
+    if np.isin(arrays["spikes"], (-1.0, 0.0, 1.0)).all():  # spikes (ternary ones too): exactly
+        out["spike_mismatches"] = int(np.sum(np.asarray(y) != arrays["spikes"]))
+    else:  # a readout's potentials
+        out["outputs"] = rel_error(y, arrays["spikes"])
+    out["grad_x"] = rel_error(gx, arrays["grad_x"])
+    if "v_seq" in arrays:
+        out["v_seq"] = rel_error(node.multi_step(x, return_v_seq=True)[1], arrays["v_seq"])
+    grads = dict(nnx.to_flat_state(gp))
+    expected = case_arrays(arrays, "grad/")
+    if sorted(expected) != sorted(".".join(map(str, p)) for p in grads):
+        raise ValueError(f"{case['class']}: the file has gradients of {sorted(expected)}, the module has parameters "
+                         f"{sorted('.'.join(map(str, p)) for p in grads)}")
+    for p, g in grads.items():
+        out["grad_" + ".".join(map(str, p))] = rel_error(g[...], expected[".".join(map(str, p))])
+    out["ok"] = out.get("spike_mismatches", 0) == 0 and all(
+        v <= TOLERANCE for k, v in out.items() if k not in ("class", "impl", "spike_mismatches"))
     return out
 
 
@@ -253,7 +301,11 @@ def iter_cases(cases, arrays, impl: str = "auto"):
     if isinstance(cases, list):
         for i, case in enumerate(cases):
             prefix = f"case{i:03d}/"
-            yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, case_arrays(arrays, prefix), impl)}
+            if "class" in case:
+                yield f"case{i:03d}", check_catalogue_case(case, case_arrays(arrays, prefix), impl)
+            else:
+                yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, case_arrays(arrays, prefix),
+                                                                                 impl)}
     elif isinstance(cases, dict):
         for name, meta in cases.items():
             prefix = f"{name}/"

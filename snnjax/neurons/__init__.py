@@ -6,13 +6,25 @@ layouts, and ``dispatch``, the table of implementations) -> ``modules`` (NNX); `
 VJPs of any implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate
-from snnjax.neurons.base import NeuronConfig, multistep_reference, step
+from snnjax.neurons.base import NeuronConfig, StepNeuron, multistep_reference, step
+from snnjax.neurons.catalogue import (
+    CUBALIFNode,
+    EIFNode,
+    IzhikevichNode,
+    KLIFNode,
+    NonSpikingIFNode,
+    NonSpikingLIFNode,
+    QIFNode,
+    TernaryIFNode,
+    TernaryLIFNode,
+)
 from snnjax.neurons.kernels.dispatch import IMPLS, multistep, resolve_impl
-from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
+from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
 from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
 
 __all__ = [
-    "ATan", "IFNode", "IMPLS", "LIFNode", "MembranePotential", "NeuronConfig", "ParametricLIFNode",
-    "PiecewiseQuadratic", "Rect", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
-    "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIFNode",
+    "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode",
+    "PiecewiseQuadratic", "QIFNode", "Rect", "Sigmoid", "SoftSign", "StepNeuron", "TernaryIFNode", "TernaryLIFNode",
+    "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

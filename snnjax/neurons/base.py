@@ -25,6 +25,7 @@ module; ``snnjax.neurons.kernels.dispatch`` chooses between them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal
 
 import jax
@@ -61,6 +62,21 @@ class NeuronConfig:
     def vr(self) -> float:
         """The reset potential as a number (0 for soft reset)."""
         return 0.0 if self.v_reset is None else float(self.v_reset)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepNeuron:
+    """A neuron given by its single step, the form of every neuron without fused kernels (those of
+    ``snnjax.neurons.catalogue`` and any a user writes): its multi-step op is ``scan_steps`` over ``step``.
+
+    ``step(x [...], state, params) -> (out [...], state)`` with ``state`` a dict of ``[...]`` arrays in the state
+    dtype (``"v"`` the membrane potential) and ``params`` the neuron's learnable arrays (a pytree); ``fresh``
+    is ``((name, initial value), ...)``, ``"v"`` first; ``name`` is what errors call the neuron.
+    """
+
+    step: Callable
+    fresh: tuple[tuple[str, float], ...]
+    name: str
 
 
 def state_dtype(dtype) -> jnp.dtype:
@@ -117,11 +133,25 @@ def charge(cfg: NeuronConfig, v: jax.Array, x: jax.Array, w: jax.Array | None, *
     return v * keep + x if reset0 else v - scale(v - cfg.v_reset) + x
 
 
+def reset_potential(h: jax.Array, s: jax.Array, v_threshold: float, v_reset: float | None) -> jax.Array:
+    """V after firing, from H and spikes S (S already detached if wanted): hard reset to ``v_reset``, or soft
+    (``v_reset=None``): ``H - S v_threshold``."""
+    if v_reset is None:
+        return h - s * v_threshold
+    return (1.0 - s) * h + s * v_reset
+
+
 def reset(cfg: NeuronConfig, h: jax.Array, s: jax.Array) -> jax.Array:
     """V after firing, from H and spikes S (S already detached if wanted)."""
-    if cfg.v_reset is None:
-        return h - s * cfg.v_threshold
-    return (1.0 - s) * h + s * cfg.v_reset
+    return reset_potential(h, s, cfg.v_threshold, cfg.v_reset)
+
+
+def fire_and_reset(h: jax.Array, v_threshold: float, v_reset: float | None, surrogate: sg.Surrogate,
+                   detach_reset: bool) -> tuple[jax.Array, jax.Array]:
+    """``(S, V)`` from H: the surrogate spike ``1[H >= v_threshold]`` and the reset potential (S detached from the
+    reset when ``detach_reset``). Every neuron's default fire and reset."""
+    s = sg.spike(h - v_threshold, surrogate)
+    return s, reset_potential(h, jax.lax.stop_gradient(s) if detach_reset else s, v_threshold, v_reset)
 
 
 def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = None):
@@ -133,8 +163,7 @@ def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = No
     check_decay_param(cfg, w)
     sdt = state_dtype(x.dtype)
     h = charge(cfg, v.astype(sdt), x.astype(sdt), w)
-    s = sg.spike(h - cfg.v_threshold, cfg.surrogate)
-    v_new = reset(cfg, h, jax.lax.stop_gradient(s) if cfg.detach_reset else s)
+    s, v_new = fire_and_reset(h, cfg.v_threshold, cfg.v_reset, cfg.surrogate, cfg.detach_reset)
     return s.astype(x.dtype), v_new
 
 
@@ -151,21 +180,32 @@ def broadcast_state(cfg: NeuronConfig, x_seq: jax.Array, v_init) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(v_init, sdt), x_seq.shape[1:])
 
 
+def scan_steps(step_fn: Callable, x_seq: jax.Array, state0, *, return_v_seq: bool = False):
+    """Any neuron over ``x_seq [T, ...]``: ``lax.scan`` of its single step, differentiated by plain autodiff.
+
+    ``step_fn(x [...], state) -> (out [...], state)``; ``state0`` is a pytree of ``[...]`` arrays whose
+    membrane potential is ``state0`` itself (an array) or ``state0["v"]`` (a dict of state variables).
+    Returns ``(outs [T, ...], v)``: ``v`` the membrane potential sequence ``[T, ...]`` if ``return_v_seq``,
+    else the final state (the pytree of ``state0``).
+    """
+    def body(state, x):
+        out, state = step_fn(x, state)
+        v = state["v"] if isinstance(state, dict) else state
+        return state, (out, v if return_v_seq else None)
+
+    last, (outs, v_seq) = jax.lax.scan(body, state0, x_seq)
+    return outs, (v_seq if return_v_seq else last)
+
+
 def multistep_reference(cfg: NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq=False):
-    """Plain-autodiff multi-step neuron (the reference for the custom-vjp path).
+    """Plain-autodiff multi-step neuron (the reference for the custom-vjp path): ``scan_steps`` of ``step``.
 
     Returns ``(spikes [T, ...], v)`` where ``v`` is the state sequence ``[T, ...]`` if
     ``return_v_seq`` else the final state ``[...]``.
     """
     check_decay_param(cfg, w)
     v0 = broadcast_state(cfg, x_seq, v_init)
-
-    def body(v, x):
-        s, v = step(cfg, x, v, w)
-        return v, (s, v if return_v_seq else None)
-
-    v_last, (spikes, v_seq) = jax.lax.scan(body, v0, x_seq)
-    return spikes, (v_seq if return_v_seq else v_last)
+    return scan_steps(lambda x, v: step(cfg, x, v, w), x_seq, v0, return_v_seq=return_v_seq)
 
 
 def dv_dh(cfg: NeuronConfig, h, s, g):

@@ -50,9 +50,27 @@ class MembranePotential(nnx.Variable):
 
 
 class BaseNode(nnx.Module):
-    """Shared machinery of IF / LIF / PLIF; subclasses set ``kind`` and the decay."""
+    """Every spiking neuron: a single step written as SpikingJelly writes one (charge, fire, reset), and the machinery
+    around it (single- and multi-step modes, streaming state, ``store_v_seq``, ``impl``, observers).
 
-    kind: B.Kind = "IF"
+    A neuron is a subclass that sets its keywords before ``super().__init__`` and overrides:
+
+    - ``neuronal_charge(x, v, params) -> h``: H from the input ``x [...]`` and the state before the step. ``v`` is
+      the membrane potential; a neuron with more state variables (``initial_state``) gets and returns the dict of
+      all of them, ``"v"`` holding H;
+    - optionally ``neuronal_fire(h, params)`` (default: the surrogate spike ``1[H >= v_threshold]``) and
+      ``neuronal_reset(h, spike, params)`` (default: hard reset to ``v_reset``, soft for ``v_reset=None``,
+      ``spike`` detached with ``detach_reset``), both on the state dict;
+    - optionally ``initial_state()`` (``{"v": v_reset or 0}`` by default: more names add state variables).
+
+    ``params``: the module's ``nnx.Param`` arrays by attribute name (``self.k = nnx.Param(...)`` is
+    ``params["k"]``); read learnable values from it, not from ``self``. States are in ``state_dtype`` (at least
+    float32). The multi-step mode scans the single step (``impl="scan"``, the only one such a neuron runs;
+    ``auto`` picks it); the built-in IF / LIF / PLIF (``kind`` set) are written the same way and also run on
+    the fused kernels of ``snnjax.neurons.kernels``.
+    """
+
+    kind: B.Kind | None = None  # the built-in neurons with fused kernels: their NeuronConfig's kind
 
     def __init__(
         self,
@@ -75,13 +93,47 @@ class BaseNode(nnx.Module):
         self.step_mode = step_mode
         self.store_v_seq = store_v_seq
         self.impl = impl
-        self.v = MembranePotential(self._fresh_state())
+        for name, value in self._fresh_state().items():
+            setattr(self, name, MembranePotential(value))
 
-    def _fresh_state(self) -> jax.Array:
+    # --- the single step: what a neuron overrides ---------------------------------------------------------
+
+    def initial_state(self) -> dict[str, float]:
+        """Each state variable's fresh value, ``"v"`` (the membrane potential) first."""
+        return {"v": 0.0 if self.v_reset is None else self.v_reset}
+
+    def neuronal_charge(self, x: jax.Array, v, params: dict):
+        """H from input ``x [...]`` and the state (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} must define neuronal_charge(x, v, params) -> h")
+
+    def neuronal_fire(self, h: dict, params: dict) -> jax.Array:
+        """The output of the step: the surrogate spike ``1[H >= v_threshold]``."""
+        return sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
+
+    def neuronal_reset(self, h: dict, spike: jax.Array, params: dict) -> dict:
+        """The state after the step: hard (``v_reset``) or soft (``None``) reset of the membrane potential."""
+        s = jax.lax.stop_gradient(spike) if self.detach_reset else spike
+        return {**h, "v": B.reset_potential(h["v"], s, self.v_threshold, self.v_reset)}
+
+    def single_step(self, x: jax.Array, state: dict, params: dict) -> tuple[jax.Array, dict]:
+        """One pure step on the state dict (state dtype): ``(output [...], state)``."""
+        multi = len(state) > 1
+        h = self.neuronal_charge(x, state if multi else state["v"], params)
+        h = h if multi else {"v": h}
+        spike = self.neuronal_fire(h, params)
+        return spike, self.neuronal_reset(h, spike, params)
+
+    def params(self) -> dict[str, jax.Array]:
+        """The learnable arrays: every ``nnx.Param`` attribute's value, by name."""
+        return {name: var[...] for name, var in sorted(vars(self).items()) if isinstance(var, nnx.Param)}
+
+    # --- around the step ---------------------------------------------------------------------------------
+
+    def _fresh_state(self) -> dict[str, jax.Array]:
         # The default float dtype: float64 under jax_enable_x64, so v_reset is not rounded to float32.
-        return jnp.asarray(0.0 if self.v_reset is None else self.v_reset, dtype=float)
+        return {name: jnp.asarray(value, dtype=float) for name, value in self.initial_state().items()}
 
-    # Subclasses override these two.
+    # Built-in neurons override these two.
     def _config_kwargs(self) -> dict:
         return {}
 
@@ -89,8 +141,10 @@ class BaseNode(nnx.Module):
         return None
 
     @property
-    def config(self) -> B.NeuronConfig:
-        """The static hyperparameters as a ``NeuronConfig``."""
+    def config(self) -> B.NeuronConfig | None:
+        """The static hyperparameters of a built-in neuron as a ``NeuronConfig`` (None for any other neuron)."""
+        if self.kind is None:
+            return None
         return B.NeuronConfig(
             kind=self.kind,
             v_threshold=self.v_threshold,
@@ -100,41 +154,65 @@ class BaseNode(nnx.Module):
             **self._config_kwargs(),
         )
 
+    @property
+    def neuron(self) -> B.NeuronConfig | B.StepNeuron:
+        """What the multi-step op runs: a built-in neuron's ``NeuronConfig``, else its single step."""
+        if self.kind is not None:
+            return self.config
+        return B.StepNeuron(self.single_step, tuple(self.initial_state().items()), type(self).__name__)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        """Spikes for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
+        """Outputs (spikes) for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
         observer = _OBSERVER.get()
         if self.step_mode == "m":
             spikes, v = self.multi_step(x, return_v_seq=self.store_v_seq or observer is not None)
             if self.store_v_seq:
                 self.sow(nnx.Intermediate, "v_seq", v, reduce_fn=lambda _, new: new, init_fn=lambda: None)
         else:
-            spikes, v = self.step(x, self.v.get_value())
-            self.v.set_value(v)
+            names = self.initial_state()
+            state = {name: getattr(self, name).get_value() for name in names}
+            spikes, new = self.step(x, state if len(names) > 1 else state["v"])
+            new = new if len(names) > 1 else {"v": new}
+            for name in names:
+                getattr(self, name).set_value(new[name])
+            v = new["v"]
         if observer is not None:
             observer(self, spikes, v)
         return spikes
 
-    def multi_step(self, x_seq: jax.Array, v_init: jax.Array | None = None, *, return_v_seq: bool = False):
-        """Run ``x_seq [T, ...]`` from ``v_init`` (default: fresh state).
+    def multi_step(self, x_seq: jax.Array, v_init=None, *, return_v_seq: bool = False):
+        """Run ``x_seq [T, ...]`` from ``v_init`` (default: fresh state; a dict of state variables for a neuron
+        with several).
 
-        Returns ``(spikes [T, ...], v)``, ``v`` being ``[T, ...]`` if ``return_v_seq`` else the final state.
+        Returns ``(spikes [T, ...], v)``, ``v`` being the membrane potential ``[T, ...]`` if ``return_v_seq``,
+        else the final state (``[...]``, or the dict of state variables).
         """
-        return dispatch.multistep(self.config, x_seq, v_init, self.decay_param(), return_v_seq=return_v_seq,
-                                  impl=self.impl)
+        w = self.decay_param() if self.kind is not None else self.params()
+        return dispatch.multistep(self.neuron, x_seq, v_init, w, return_v_seq=return_v_seq, impl=self.impl)
 
-    def step(self, x: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """One explicit-state step: ``(spikes, new state)``."""
-        return B.step(self.config, x, v, self.decay_param())
+    def step(self, x: jax.Array, v) -> tuple[jax.Array, jax.Array]:
+        """One explicit-state step: ``(spikes, new state)`` (``v`` the membrane potential, or the dict of state
+        variables for a neuron with several)."""
+        if self.kind is not None:
+            return B.step(self.config, x, v, self.decay_param())
+        sdt = B.state_dtype(x.dtype)
+        state = {k: jnp.asarray(a).astype(sdt) for k, a in (v.items() if isinstance(v, dict) else [("v", v)])}
+        out, new = self.single_step(x.astype(sdt), state, self.params())
+        return out.astype(x.dtype), (new if isinstance(v, dict) else new["v"])
 
     def reset(self) -> None:
         """Forget the streaming state (SpikingJelly's ``reset()``)."""
-        self.v.set_value(self._fresh_state())
+        for name, value in self._fresh_state().items():
+            getattr(self, name).set_value(value)
 
 
 class IFNode(BaseNode):
     """Integrate-and-fire: ``H = V + X``."""
 
     kind = "IF"
+
+    def neuronal_charge(self, x, v, params):
+        return B.charge(self.config, v, x, None)
 
 
 class LIFNode(BaseNode):
@@ -152,6 +230,9 @@ class LIFNode(BaseNode):
 
     def _config_kwargs(self):
         return {"tau": self.tau, "decay_input": self.decay_input}
+
+    def neuronal_charge(self, x, v, params):
+        return B.charge(self.config, v, x, None)
 
 
 class ParametricLIFNode(BaseNode):
@@ -173,6 +254,9 @@ class ParametricLIFNode(BaseNode):
 
     def decay_param(self):
         return self.w[...]
+
+    def neuronal_charge(self, x, v, params):
+        return B.charge(self.config, v, x, params["w"])
 
 
 def set_impl(model: nnx.Module, impl: str) -> int:

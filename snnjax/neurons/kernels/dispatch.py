@@ -6,8 +6,12 @@ impl       what runs                                                            
 ``xla``    ``lax.scan`` with a hand-written backward (``snnjax.neurons.kernels.xla``)       everywhere
 ``pallas`` fused multi-timestep kernels (``snnjax.neurons.kernels.pallas``); interpreted on a CPU  GPU (CPU: tests)
 ``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.neurons.kernels.native``)     CPU
+``scan``   ``lax.scan`` of the single step, plain autodiff (``snnjax.neurons.kernels.scan``): any neuron  everywhere
 ``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` otherwise (below)
 =========  ======================================================================  ===============
+
+The built-in IF / LIF / PLIF (a ``NeuronConfig``) run on every implementation; a neuron given by its single
+step (a ``base.StepNeuron``: the catalogue's, a user's) only on ``scan``, which ``auto`` picks for it.
 
 All give the same spikes and states, and gradients equal to rounding. This module and
 ``snnjax.neurons.kernels.sharded`` are the only ones that import the kernel packages; those import only
@@ -52,7 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from snnjax.neurons import base as B
-from snnjax.neurons.kernels import pallas, sharded, temporal, xla
+from snnjax.neurons.kernels import pallas, scan, sharded, temporal, xla
 from snnjax.neurons.kernels.native import build as native_build
 from snnjax.neurons.kernels.native import neuron as native
 from snnjax.neurons.kernels.pallas import api as pallas_api
@@ -76,8 +80,11 @@ class Impl:
     auto_backend: str | None = None
     available: Callable[[], bool] = lambda: True
     kernel: sharded.Kernel | None = None
+    any_neuron: bool = False  # runs a StepNeuron too (else IF / LIF / PLIF only)
 
-    def unsupported_reason(self, cfg: B.NeuronConfig, shape, dtype, backend: str) -> str | None:
+    def unsupported_reason(self, cfg: B.NeuronConfig | B.StepNeuron, shape, dtype, backend: str) -> str | None:
+        if not (self.any_neuron or isinstance(cfg, B.NeuronConfig)):
+            return f"the {self.name} path runs the built-in IF / LIF / PLIF, not {cfg.name} (impl='scan' runs it)"
         if self.backends is not None and backend not in self.backends:
             where = " / ".join(b.upper() for b in self.backends)
             return f"the {self.name} kernels run on the {where} backend, this is {backend!r}"
@@ -91,6 +98,7 @@ IMPLEMENTATIONS: dict[str, Impl] = {
     "native": Impl("native", native.multistep, native.unsupported_reason, backends=("cpu",), auto_backend="cpu",
                    available=native_build.available,
                    kernel=sharded.Kernel("native", native.forward_rule, native.backward_rule, B.state_dtype)),
+    "scan": Impl("scan", scan.multistep, scan.unsupported_reason, any_neuron=True),
 }
 IMPLS = ("auto", *IMPLEMENTATIONS)
 
@@ -108,8 +116,8 @@ def partitioner_splits() -> bool:
     return not mesh.empty and math.prod(mesh.shape[a] for a in mesh.axis_names if a not in mesh.manual_axes) > 1
 
 
-def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
-    """The implementation (``"xla"``, ``"pallas"`` or ``"native"``) that runs ``impl`` for this call.
+def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
+    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call.
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
@@ -123,24 +131,27 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
         if reason is not None:
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
         return impl
+    fallback = "xla" if isinstance(cfg, B.NeuronConfig) else "scan"
     if shape[:1] in ((), (1,)):
-        return "xla"
+        return fallback
     for candidate in IMPLEMENTATIONS.values():
         if (candidate.auto_backend == backend and candidate.unsupported_reason(cfg, shape, dtype, backend) is None
                 and candidate.available()):
             return candidate.name
-    return "xla"
+    return fallback
 
 
-def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
-              impl: str = "auto"):
+def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
+              return_v_seq: bool = False, impl: str = "auto"):
     """Multi-step neuron over ``x_seq [T, ...]`` from ``v_init`` (default: the fresh state).
 
     Returns ``(spikes [T, ...] in x's dtype, v)``, ``v`` the state sequence ``[T, ...]`` if ``return_v_seq``
     else the final state ``[...]`` (state dtype). Gradients flow to ``x_seq``, ``v_init`` and PLIF's ``w``
-    (a scalar; None for IF / LIF). ``impl``: see the module docstring.
+    (a scalar; None for IF / LIF). A ``StepNeuron`` takes its params pytree as ``w`` (``scan.multistep``).
+    ``impl``: see the module docstring.
     """
-    B.check_decay_param(cfg, w)
+    if isinstance(cfg, B.NeuronConfig):
+        B.check_decay_param(cfg, w)
     if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
         per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
         kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None

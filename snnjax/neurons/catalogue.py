@@ -1,0 +1,263 @@
+"""SpikingJelly 2.0.0's other neurons, each written as its single step (``BaseNode``'s hooks), with SpikingJelly's
+class names, keywords and defaults; their multi-step mode is the ``scan`` implementation.
+
+=====================  =================================================================================
+class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_threshold]``, then reset)
+=====================  =================================================================================
+``CUBALIFNode``        ``C = C c_decay + X``, ``H = V v_decay + C`` (state ``v`` and current ``c``)
+``NonSpikingIFNode``   ``V = V + X``; outputs ``V`` (no fire, no reset), ``decode`` over T
+``NonSpikingLIFNode``  ``V = V + (X - V) / tau``; as above
+``QIFNode``            ``H = V + (X + a0 (V - v_rest)(V - v_c)) / tau``
+``EIFNode``            ``H = V + (X + v_rest - V + delta_T exp((V - theta_rh) / delta_T)) / tau``
+``KLIFNode``           ``H = relu(k LIF-charge)``, ``k`` learned (init 1); ``scale_reset`` resets ``H / k``
+``IzhikevichNode``     ``H = V + (X + a0 (V - v_rest)(V - v_c) - W) / tau``; after firing
+                       ``W = W + (a (H - v_rest) - W) / tau_w + b S`` (state ``v`` and recovery ``w``)
+``TernaryIFNode``      ``H = V + X``; ``S = 1[H >= v_threshold] - 1[-H >= v_threshold]`` in {-1, 0, 1}
+``TernaryLIFNode``     LIF's charge; the ternary spike of ``TernaryIFNode``
+=====================  =================================================================================
+
+The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``v_reset`` with the event
+``1[H >= th] + 1[-H >= th]`` (which keeps both branches' surrogate gradients).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from snnjax.neurons import base as B
+from snnjax.neurons import surrogate as sg
+from snnjax.neurons.modules import BaseNode
+
+__all__ = ["CUBALIFNode", "EIFNode", "IzhikevichNode", "KLIFNode", "NonSpikingIFNode", "NonSpikingLIFNode",
+           "QIFNode", "TernaryIFNode", "TernaryLIFNode"]
+
+
+def _lif_charge(x, v, tau: float, decay_input: bool, v_reset: float | None):
+    """LIF's H in SpikingJelly's general form (``vr = v_reset`` or 0)."""
+    vr = 0.0 if v_reset is None else v_reset
+    return v + (x - (v - vr)) / tau if decay_input else v - (v - vr) / tau + x
+
+
+def _check_tau(cls: str, tau: float, name: str = "tau") -> None:
+    if not tau > 1.0:
+        raise ValueError(f"{cls} needs {name} > 1 (SpikingJelly's requirement), got {name}={tau}")
+
+
+class CUBALIFNode(BaseNode):
+    """Current-based LIF: a synaptic current ``c`` decays by ``c_decay`` and feeds ``v``, which decays by
+    ``v_decay`` (factors kept per step, not time constants). SpikingJelly's defaults: threshold 0.5, ``Rect()``."""
+
+    def __init__(self, c_decay: float = 0.5, v_decay: float = 0.75, v_threshold: float = 0.5,
+                 v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Rect(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        self.c_decay = float(c_decay)
+        self.v_decay = float(v_decay)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def initial_state(self):
+        return {"v": 0.0 if self.v_reset is None else self.v_reset, "c": 0.0}
+
+    def neuronal_charge(self, x, v, params):
+        c = v["c"] * self.c_decay + x
+        return {"v": v["v"] * self.v_decay + c, "c": c}
+
+
+DECODES = (None, "max-mem", "max-abs-mem", "mean-mem", "last_mem")
+
+
+class _NonSpiking(BaseNode):
+    """A leaky-integrator readout: outputs the membrane potential (no threshold, no reset), multi-step, from 0;
+    ``decode`` reduces the ``[T, ...]`` potentials over time (``max-mem``, ``max-abs-mem``: the larger in
+    magnitude of max and min, ``mean-mem``, ``last_mem``; None: the sequence)."""
+
+    def __init__(self, decode: str | None = None, step_mode: str = "m", store_v_seq: bool = False,
+                 impl: str = "auto"):
+        if decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
+        if decode is not None and step_mode != "m":
+            raise ValueError(f"decode={decode!r} reduces over time: it needs step_mode='m', got {step_mode!r}")
+        self.decode = decode
+        super().__init__(v_reset=0.0, step_mode=step_mode, store_v_seq=store_v_seq, impl=impl)
+
+    def neuronal_fire(self, h, params):
+        return h["v"]
+
+    def neuronal_reset(self, h, spike, params):
+        return h
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        v_seq = super().__call__(x)
+        if self.decode is None or self.step_mode != "m":
+            return v_seq
+        if self.decode == "max-mem":
+            return v_seq.max(0)
+        if self.decode == "max-abs-mem":
+            hi, lo = v_seq.max(0), v_seq.min(0)
+            return jnp.where(jnp.abs(hi) > jnp.abs(lo), hi, lo)
+        if self.decode == "mean-mem":
+            return v_seq.mean(0)
+        return v_seq[-1]
+
+
+class NonSpikingIFNode(_NonSpiking):
+    """Non-spiking IF readout: ``V = V + X``, outputs ``V``."""
+
+    def neuronal_charge(self, x, v, params):
+        return v + x
+
+
+class NonSpikingLIFNode(_NonSpiking):
+    """Non-spiking LIF readout: ``V = V + (X - V) / tau``, outputs ``V``."""
+
+    def __init__(self, tau: float = 2.0, decode: str | None = None, step_mode: str = "m",
+                 store_v_seq: bool = False, impl: str = "auto"):
+        self.tau = float(tau)
+        super().__init__(decode, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return v + (x - v) / self.tau
+
+
+def _check_reset_order(cls: str, v_threshold: float, v_reset: float | None, v_rest: float) -> None:
+    if v_reset is not None and not (v_threshold > v_reset and v_rest >= v_reset):
+        raise ValueError(f"{cls} needs v_threshold > v_reset and v_rest >= v_reset (SpikingJelly's requirement), "
+                         f"got v_threshold={v_threshold}, v_reset={v_reset}, v_rest={v_rest}")
+
+
+class QIFNode(BaseNode):
+    """Quadratic integrate-and-fire: ``H = V + (X + a0 (V - v_rest)(V - v_c)) / tau``."""
+
+    def __init__(self, tau: float = 2.0, v_c: float = 0.8, a0: float = 1.0, v_threshold: float = 1.0,
+                 v_rest: float = 0.0, v_reset: float | None = -0.1, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        _check_tau("QIFNode", tau)
+        _check_reset_order("QIFNode", v_threshold, v_reset, v_rest)
+        if not a0 > 0:
+            raise ValueError(f"QIFNode needs a0 > 0, got a0={a0}")
+        self.tau, self.v_c, self.a0, self.v_rest = float(tau), float(v_c), float(a0), float(v_rest)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return v + (x + self.a0 * (v - self.v_rest) * (v - self.v_c)) / self.tau
+
+
+class EIFNode(BaseNode):
+    """Exponential integrate-and-fire: ``H = V + (X + v_rest - V + delta_T exp((V - theta_rh) / delta_T)) / tau``."""
+
+    def __init__(self, tau: float = 2.0, delta_T: float = 1.0, theta_rh: float = 0.8, v_threshold: float = 1.0,
+                 v_rest: float = 0.0, v_reset: float | None = -0.1, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        _check_tau("EIFNode", tau)
+        _check_reset_order("EIFNode", v_threshold, v_reset, v_rest)
+        if not delta_T > 0:
+            raise ValueError(f"EIFNode needs delta_T > 0, got delta_T={delta_T}")
+        self.tau, self.delta_T, self.theta_rh, self.v_rest = float(tau), float(delta_T), float(theta_rh), float(v_rest)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return v + (x + self.v_rest - v + self.delta_T * jnp.exp((v - self.theta_rh) / self.delta_T)) / self.tau
+
+
+class KLIFNode(BaseNode):
+    """LIF with a learned scale ``k`` (a scalar ``nnx.Param``, 1 at first): ``H = relu(k LIF-charge)``; with
+    ``scale_reset`` the reset acts on ``H / k`` with threshold ``v_threshold / k``."""
+
+    def __init__(self, scale_reset: bool = False, tau: float = 2.0, decay_input: bool = True,
+                 v_threshold: float = 1.0, v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        _check_tau("KLIFNode", tau)
+        self.scale_reset, self.tau, self.decay_input = scale_reset, float(tau), decay_input
+        self.k = nnx.Param(jnp.asarray(1.0, dtype=float))
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        k = params["k"].astype(v.dtype)
+        return jax.nn.relu(k * _lif_charge(x, v, self.tau, self.decay_input, self.v_reset))
+
+    def neuronal_reset(self, h, spike, params):
+        if not self.scale_reset:
+            return super().neuronal_reset(h, spike, params)
+        k = params["k"].astype(h["v"].dtype)
+        s = jax.lax.stop_gradient(spike) if self.detach_reset else spike
+        return {"v": B.reset_potential(h["v"] / k, s, self.v_threshold / k, self.v_reset)}
+
+
+class IzhikevichNode(BaseNode):
+    """Izhikevich (SpikingJelly's adaptive QIF): state ``v`` and recovery ``w`` (fresh ``w_rest``);
+    ``H = V + (X + a0 (V - v_rest)(V - v_c) - W) / tau``, then ``W = W + (a (H - v_rest) - W) / tau_w + b S``."""
+
+    def __init__(self, tau: float = 2.0, v_c: float = 0.8, a0: float = 1.0, v_threshold: float = 1.0,
+                 v_reset: float | None = 0.0, v_rest: float = -0.1, w_rest: float = 0.0, tau_w: float = 2.0,
+                 a: float = 0.0, b: float = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        _check_tau("IzhikevichNode", tau)
+        if not a0 > 0:
+            raise ValueError(f"IzhikevichNode needs a0 > 0, got a0={a0}")
+        self.tau, self.v_c, self.a0, self.v_rest = float(tau), float(v_c), float(a0), float(v_rest)
+        self.w_rest, self.tau_w, self.a, self.b = float(w_rest), float(tau_w), float(a), float(b)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def initial_state(self):
+        return {"v": 0.0 if self.v_reset is None else self.v_reset, "w": self.w_rest}
+
+    def neuronal_charge(self, x, v, params):
+        h = v["v"] + (x + self.a0 * (v["v"] - self.v_rest) * (v["v"] - self.v_c) - v["w"]) / self.tau
+        return {"v": h, "w": v["w"]}
+
+    def neuronal_reset(self, h, spike, params):
+        w = h["w"] + (self.a * (h["v"] - self.v_rest) - h["w"]) / self.tau_w + self.b * spike
+        return {**super().neuronal_reset(h, spike, params), "w": w}
+
+
+def _check_ternary(cls: str, v_threshold: float, v_reset: float | None) -> None:
+    if not (math.isfinite(v_threshold) and v_threshold > 0):
+        raise ValueError(f"{cls} needs a finite v_threshold > 0, got {v_threshold}")
+    if v_reset is not None and not -v_threshold < v_reset < v_threshold:
+        raise ValueError(f"{cls} needs -v_threshold < v_reset < v_threshold, got v_reset={v_reset}")
+
+
+class _Ternary(BaseNode):
+    """Spikes in {-1, 0, 1}: ``1[H >= v_threshold] - 1[-H >= v_threshold]``."""
+
+    def neuronal_fire(self, h, params):
+        return (sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
+                - sg.spike(-h["v"] - self.v_threshold, self.surrogate_function))
+
+    def neuronal_reset(self, h, spike, params):
+        # Soft: V - S th. Hard: the reset event is either spike, each with its own surrogate gradient.
+        event = spike if self.v_reset is None else (
+            sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
+            + sg.spike(-h["v"] - self.v_threshold, self.surrogate_function))
+        event = jax.lax.stop_gradient(event) if self.detach_reset else event
+        return {"v": B.reset_potential(h["v"], event, self.v_threshold, self.v_reset)}
+
+
+class TernaryIFNode(_Ternary):
+    """IF with ternary spikes: ``H = V + X``."""
+
+    def __init__(self, v_threshold: float = 1.0, v_reset: float | None = 0.0,
+                 surrogate_function: sg.Surrogate = sg.Sigmoid(), detach_reset: bool = False, step_mode: str = "s",
+                 store_v_seq: bool = False, impl: str = "auto"):
+        _check_ternary("TernaryIFNode", v_threshold, v_reset)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return v + x
+
+
+class TernaryLIFNode(_Ternary):
+    """LIF with ternary spikes."""
+
+    def __init__(self, tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
+                 v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        _check_ternary("TernaryLIFNode", v_threshold, v_reset)
+        _check_tau("TernaryLIFNode", tau)
+        self.tau, self.decay_input = float(tau), decay_input
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return _lif_charge(x, v, self.tau, self.decay_input, self.v_reset)
