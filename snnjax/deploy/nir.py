@@ -158,6 +158,9 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
 
 def _neuron_node(name: str, node: BaseNode, shape: tuple[int, ...], dt: float):
     cfg = node.config
+    if cfg is None:
+        raise NIRError(f"{name} is a {type(node).__name__}, which has no NIR node here (to_nir takes IF / LIF / PLIF "
+                       "neurons)")
     if cfg.v_reset is None:
         raise NIRError(f"{name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
                        "train with a hard reset (e.g. v_reset=0.0) to export")

@@ -28,10 +28,9 @@ def analyze(model: nnx.Module) -> dict[str, Any]:
     neurons = []
     for path, module in nnx.iter_modules(model):
         if isinstance(module, BaseNode):
-            cfg = module.config
-            neurons.append({"path": ".".join(map(str, path)), "kind": cfg.kind, "step_mode": module.step_mode,
-                            "v_threshold": cfg.v_threshold, "v_reset": cfg.v_reset,
-                            "surrogate": type(cfg.surrogate).__name__})
+            neurons.append({"path": ".".join(map(str, path)), "kind": module.kind or type(module).__name__,
+                            "step_mode": module.step_mode, "v_threshold": module.v_threshold,
+                            "v_reset": module.v_reset, "surrogate": type(module.surrogate_function).__name__})
     params = []
     for path, var in flat_vars(nnx.state(model, nnx.Param)):
         val = value(var)

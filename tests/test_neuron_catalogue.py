@@ -1,0 +1,148 @@
+"""Neurons written as their single step (``BaseNode``'s hooks, the ``scan`` path), in float64: the docs' user-written
+LIF against the built-in ``LIFNode``, the catalogue against SpikingJelly 2.0.0 (``catalogue.npz``), state and
+modes, a user-written adaptive-threshold LIF against a plain Python loop, and the neurons inside models."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import quick_compiles
+from flax import nnx
+from helpers import ROOT
+
+from snnjax import Sequential, layers, neurons
+from snnjax.interop import check
+from snnjax.models import neuron_options
+from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
+
+pytestmark = pytest.mark.usefixtures("x64_module")
+
+
+def user_lif_class():
+    """``UserLIF`` as docs/python.md writes it (the block checked by this file)."""
+    text = (ROOT / "docs" / "python.md").read_text()
+    (code,) = re.findall(r'```python title="checked by tests/test_neuron_catalogue.py"\n(.*?)```', text, re.S)
+    assert len(code.strip().splitlines()) <= 15, "the docs promise a LIF in at most 15 lines"
+    namespace = {}
+    exec(compile(code, "docs/python.md", "exec"), namespace)
+    return namespace["UserLIF"]
+
+
+def value_and_grads(node, x, gy):
+    """``(spikes, v_seq, dx)`` for the loss ``sum(spikes * gy) + sum(v_seq * gy[::-1])`` (both outputs' gradients)."""
+    def loss(x):
+        s, v = node.multi_step(x, return_v_seq=True)
+        return jnp.sum(s * gy) + jnp.sum(v * gy[::-1]), (s, v)
+
+    (_, (s, v)), dx = jax.value_and_grad(loss, has_aux=True)(x)
+    return s, v, dx
+
+
+@pytest.mark.parametrize("v_reset", [0.0, None, -0.3])
+def test_the_docs_user_lif_equals_the_builtin_lif_bitwise(v_reset):
+    user_lif = user_lif_class()
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(0.5, 1.5, (8, 2, 5)))
+    gy = jnp.asarray(rng.normal(size=(8, 2, 5)))
+    for detach in (False, True):
+        kw = dict(tau=1.5, v_reset=v_reset, detach_reset=detach, step_mode="m")
+        user = value_and_grads(user_lif(**kw), x, gy)
+        assert 0 < float(user[0].mean()) < 1
+        same_path = value_and_grads(LIFNode(**kw, impl="scan"), x, gy)
+        for a, b in zip(user, same_path, strict=True):
+            np.testing.assert_array_equal(a, b)
+        kernel = value_and_grads(LIFNode(**kw, impl="xla"), x, gy)  # the hand-written backward: rounding apart
+        np.testing.assert_array_equal(user[0], kernel[0])
+        np.testing.assert_array_equal(user[1], kernel[1])
+        np.testing.assert_allclose(user[2], kernel[2], rtol=0, atol=1e-14)
+
+
+def test_the_catalogue_matches_spikingjelly():
+    cases, arrays = check.load(ROOT / "tests" / "fixtures" / "spikingjelly" / "catalogue.npz")
+    with quick_compiles():  # 20 small programs
+        results = dict(check.iter_cases(cases, arrays))
+    failed = {name: r for name, r in results.items() if not r["ok"]}
+    assert not failed, failed
+    assert {r["impl"] for r in results.values()} == {"scan"}
+    assert {c["class"] for c in cases} >= set(neurons.catalogue.__all__)
+
+
+def test_single_step_mode_streams_every_state_variable_and_reset_forgets_it():
+    x = jnp.asarray(np.random.default_rng(1).normal(0.3, 0.6, (6, 3)))
+    multi = IzhikevichNode(a=0.3, b=0.2, step_mode="m")
+    spikes, final = multi.multi_step(x)
+    assert set(final) == {"v", "w"}
+    single = IzhikevichNode(a=0.3, b=0.2)
+    stepped = jnp.stack([single(xt) for xt in x])
+    np.testing.assert_array_equal(stepped, spikes)
+    np.testing.assert_allclose(single.w.get_value(), final["w"], rtol=1e-14)  # eager steps vs one scan
+    single.reset()
+    assert float(single.v.get_value()) == 0.0 and float(single.w.get_value()) == 0.0
+    # continuing from a given state: the second half from the first half's final state
+    first, mid = multi.multi_step(x[:3])
+    second, _ = multi.multi_step(x[3:], mid)
+    np.testing.assert_array_equal(jnp.concatenate([first, second]), spikes)
+
+
+class AdaptiveLIF(BaseNode):
+    """A user-written adaptive-threshold LIF: the threshold ``th`` jumps by ``beta`` on a spike and decays back
+    to ``v_threshold`` with ``tau_th``; ``tau`` is learned (``params["w"]``, ``1/tau = sigmoid(w)``)."""
+
+    def __init__(self, beta=0.3, tau_th=4.0, **kwargs):
+        self.beta, self.tau_th = beta, tau_th
+        self.w = nnx.Param(jnp.asarray(0.2))
+        super().__init__(**kwargs)
+
+    def initial_state(self):
+        return {"v": 0.0, "th": self.v_threshold}
+
+    def neuronal_charge(self, x, v, params):
+        return {**v, "v": v["v"] + (x - v["v"]) * jax.nn.sigmoid(params["w"])}
+
+    def neuronal_fire(self, h, params):
+        return neurons.spike(h["v"] - h["th"], self.surrogate_function)
+
+    def neuronal_reset(self, h, spike, params):
+        th = h["th"] + (self.v_threshold - h["th"]) / self.tau_th + self.beta * spike
+        return {"v": h["v"] * (1.0 - spike), "th": th}
+
+
+def test_a_user_written_adaptive_lif_matches_a_python_loop():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(0.8, 1.0, (10, 2, 4)))
+    gy = jnp.asarray(rng.normal(size=(10, 2, 4)))
+    node = AdaptiveLIF(step_mode="m")
+
+    def loop(x, w):  # the same equations, unrolled in Python
+        v, th, out = jnp.zeros(x.shape[1:]), jnp.ones(x.shape[1:]), []
+        for xt in x:
+            v = v + (xt - v) * jax.nn.sigmoid(w)
+            s = neurons.spike(v - th, neurons.Sigmoid())
+            th = th + (1.0 - th) / 4.0 + 0.3 * s
+            v = v * (1.0 - s)
+            out.append(s)
+        return jnp.sum(jnp.stack(out) * gy)
+
+    graphdef, params, rest = nnx.split(node, nnx.Param, ...)
+    got, (gx, gp) = jax.value_and_grad(lambda x, p: jnp.sum(nnx.merge(graphdef, p, rest)(x) * gy),
+                                       argnums=(0, 1))(x, params)
+    want, (wx, ww) = jax.value_and_grad(loop, argnums=(0, 1))(x, params["w"][...])
+    assert float(got) == pytest.approx(float(want), rel=1e-14)
+    np.testing.assert_allclose(gx, wx, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(gp["w"][...], ww, rtol=1e-12)
+
+
+def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
+    rngs = nnx.Rngs(0)
+    net = Sequential(layers.linear(6, 8, rngs=rngs), CUBALIFNode(step_mode="m"), layers.linear(8, 3, rngs=rngs),
+                     NonSpikingLIFNode(decode="mean-mem"))
+    x = jnp.asarray(np.random.default_rng(3).random((5, 2, 6)))
+    assert net(x).shape == (2, 3)
+    choice = neuron_options.Neurons.of(neurons.QIFNode, {"tau": 3.0, "detach_reset": True}, model="test")
+    made = choice.make()
+    assert isinstance(made, neurons.QIFNode) and made.tau == 3.0 and made.step_mode == "m"
+    with pytest.raises(ValueError, match="takes no keyword 'init_tau'"):
+        neuron_options.Neurons.of(neurons.QIFNode, {"init_tau": 2.0}, model="test")
+    with pytest.raises(ValueError, match="impl='scan' runs it"):
+        CUBALIFNode(step_mode="m", impl="native")(x)
