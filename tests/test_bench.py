@@ -25,12 +25,12 @@ from snnjax.bench import pallas_check as check
 
 def test_neuron_bench_records(tmp_path):
     out = tmp_path / "bench.jsonl"
-    bench.main(["--ts", "2", "3", "--batch", "2", "--features", "40", "--impls", "xla", "autodiff",
+    bench.main(["--ts", "2", "3", "--batch", "2", "--features", "40", "--impls", "xla", "scan", "user",
                 "pallas:block_m=16,time_chunk=2", "--reps", "2", "--warmup", "1", "--copy-mib", "8",
                 "--out", str(out)])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["T"], r["impl"]) for r in records] == [
-        (t, i) for t in (2, 3) for i in ("xla", "autodiff", "pallas:block_m=16,time_chunk=2")]
+        (t, i) for t in (2, 3) for i in ("xla", "scan", "user", "pallas:block_m=16,time_chunk=2")]
     for r in records:
         assert r["device_kind"] and r["platform"] == "cpu" and r["dtype"] == "float32"
         assert r["shape"] == [r["T"], 2, 40] and r["min_bytes"] == 20 * r["T"] * 2 * 40

@@ -23,7 +23,8 @@ call ``snnjax.runtime.hostmem.keep_freed_memory()``, as ``train.py`` does, unles
 ``--default-allocator``: with glibc's default thresholds each call re-faults the pages of
 its large buffers.
 
-Impls: ``xla`` (the lax.scan custom-vjp path), ``autodiff`` (``multistep_reference``),
+Impls: ``xla`` (the lax.scan custom-vjp path), ``scan`` (the single step under ``lax.scan``, plain autodiff),
+``user`` (``UserLIF``, a LIF written through ``BaseNode``'s hooks as docs/python.md shows, run by ``scan``),
 ``native`` (the fused C++ kernels, CPU), ``pallas`` (the fused Pallas kernels; default
 ``KernelOptions``), and ``pallas:key=value,...`` for other ``KernelOptions``
 (``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on this
@@ -68,15 +69,15 @@ def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
 def parse_impl(spec: str):
     """``(name, KernelOptions or None)``.
 
-    ``spec``: ``xla``, ``autodiff``, ``native``, ``pallas`` or ``pallas:key=value,...``.
+    ``spec``: ``xla``, ``scan``, ``user``, ``native``, ``pallas`` or ``pallas:key=value,...``.
     """
     from snnjax.neurons.kernels import pallas as P
 
     name, _, opts = spec.partition(":")
-    if name in ("xla", "autodiff", "native") and not opts:
+    if name in ("xla", "scan", "user", "native") and not opts:
         return name, None
     if name != "pallas":
-        raise SystemExit(f"unknown impl {spec!r}: use xla, autodiff, native, pallas or pallas:key=value,...")
+        raise SystemExit(f"unknown impl {spec!r}: use xla, scan, user, native, pallas or pallas:key=value,...")
     fields = [f.name for f in dataclasses.fields(P.KernelOptions) if f.name != "interpret"]
     kwargs = {}
     for item in filter(None, opts.split(",")):
@@ -87,6 +88,22 @@ def parse_impl(spec: str):
     return name, P.KernelOptions(**kwargs)
 
 
+def user_lif():
+    """``UserLIF``: a LIF written as a user writes one (``BaseNode.neuronal_charge``; docs/python.md)."""
+    from snnjax.neurons import BaseNode
+
+    class UserLIF(BaseNode):
+        def __init__(self, tau: float = 2.0, **kwargs):
+            self.tau = tau
+            super().__init__(**kwargs)
+
+        def neuronal_charge(self, x, v, params):
+            vr = 0.0 if self.v_reset is None else self.v_reset
+            return v + (x - (v - vr)) / self.tau
+
+    return UserLIF
+
+
 def make_step(spec: str, cfg):
     """Jitted ``(x, ds) -> (spikes, dx)`` for one impl spec."""
     import jax
@@ -95,10 +112,11 @@ def make_step(spec: str, cfg):
     from snnjax.neurons.kernels import pallas as P
 
     name, opts = parse_impl(spec)
-    if name in ("xla", "native"):
+    if name in ("xla", "scan", "native"):
         run = lambda x: neurons.multistep(cfg, x, impl=name)[0]  # noqa: E731
-    elif name == "autodiff":
-        run = lambda x: neurons.multistep_reference(cfg, x)[0]  # noqa: E731
+    elif name == "user":
+        node = user_lif()(tau=cfg.tau, step_mode="m")
+        run = lambda x: node(x)  # noqa: E731
     else:
         run = lambda x: P.multistep(cfg, x, options=opts)[0]  # noqa: E731
 
