@@ -15,6 +15,7 @@ from snnjax import Sequential, layers, neurons
 from snnjax.interop import check
 from snnjax.models import neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
+from snnjax.neurons.compare import REFERENCE, run_vjp
 
 pytestmark = pytest.mark.usefixtures("x64_module")
 
@@ -56,6 +57,22 @@ def test_the_docs_user_lif_equals_the_builtin_lif_bitwise(v_reset):
         np.testing.assert_array_equal(user[0], kernel[0])
         np.testing.assert_array_equal(user[1], kernel[1])
         np.testing.assert_allclose(user[2], kernel[2], rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("return_v_seq", [False, True])
+def test_the_scan_path_of_the_builtins_equals_plain_autodiff(return_v_seq):
+    """The step-VJP backward of ``scan`` against autodiff of the whole scan: PLIF (w), a given start state."""
+    rng = np.random.default_rng(4)
+    x, ct_s, ct_v = (jnp.asarray(rng.normal(0.6, 1.2, (9, 2, 5))) for _ in range(3))
+    v_init, w = jnp.asarray(rng.normal(0, 0.3, (2, 5))), jnp.asarray(0.3)
+    cfg = neurons.NeuronConfig(kind="PLIF", v_reset=None, surrogate=neurons.ATan())
+    ct_v = ct_v if return_v_seq else ct_v[0]
+    (s, v), grads = run_vjp("scan", cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
+    (s_r, v_r), grads_r = run_vjp(REFERENCE, cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
+    np.testing.assert_array_equal(s, s_r)
+    np.testing.assert_allclose(v, v_r, rtol=1e-14, atol=1e-15)
+    for g, g_r in zip(grads, grads_r, strict=True):
+        np.testing.assert_allclose(g, g_r, rtol=1e-12, atol=1e-14)
 
 
 def test_the_catalogue_matches_spikingjelly():

@@ -14,17 +14,19 @@ import numpy as np
 from snnjax.neurons import base as B
 from snnjax.neurons.kernels import dispatch
 
-REFERENCE = "scan"  # plain autodiff of the single step (``base.multistep_reference`` for IF / LIF / PLIF)
-IMPLS = dispatch.IMPLS
+REFERENCE = "reference"  # plain autodiff through ``base.multistep_reference`` (``base.scan_steps``)
+IMPLS = (*dispatch.IMPLS, REFERENCE)
 
 
 @functools.cache
 def implementation(impl: str) -> Callable:
     """``f(cfg, x_seq, v_init, w, *, return_v_seq)`` of ``impl`` (one object per name, a stable jit-static key).
 
-    ``impl`` is a name of ``dispatch.IMPLS`` (``REFERENCE``: ``scan``), run through ``dispatch.multistep``
+    ``impl`` is ``"reference"`` or a name of ``dispatch.IMPLS``, run through ``dispatch.multistep``
     (so an implementation that cannot run a call raises ValueError saying why).
     """
+    if impl == REFERENCE:
+        return B.multistep_reference
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     return functools.partial(dispatch.multistep, impl=impl)
