@@ -10,12 +10,16 @@ import pytest
 from conftest import quick_compiles
 from flax import nnx
 from helpers import ROOT
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from snnjax import Sequential, layers, neurons
 from snnjax.interop import check
 from snnjax.models import neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
 from snnjax.neurons.compare import REFERENCE, run_vjp
+from snnjax.neurons.kernels import temporal
+from snnjax.parallel import mesh as mesh_lib
 
 pytestmark = pytest.mark.usefixtures("x64_module")
 
@@ -163,3 +167,39 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
         neuron_options.Neurons.of(neurons.QIFNode, {"init_tau": 2.0}, model="test")
     with pytest.raises(ValueError, match="impl='scan' runs it"):
         CUBALIFNode(step_mode="m", impl="native")(x)
+
+
+@pytest.mark.parametrize("name,v_init,seq", [("user_lif", True, True), ("izhikevich", False, False),
+                                             ("klif", True, False)])
+def test_step_neurons_split_over_time_equal_one_device(name, v_init, seq):
+    """The time pipeline (``time=4,data=2``) runs any single-step neuron: outputs, states and the gradients of
+    the input, the start state and the parameters within 1e-9 of one device."""
+    node = {"user_lif": lambda: user_lif_class()(tau=1.5, v_reset=None, step_mode="m"),
+            "izhikevich": lambda: IzhikevichNode(a=0.3, b=0.2, v_reset=None, step_mode="m"),
+            "klif": lambda: neurons.KLIFNode(scale_reset=True, step_mode="m")}[name]()
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(0.5, 1.0, (8, 4, 6)))
+    v0 = jnp.asarray(rng.normal(0.0, 0.3, (4, 6)))
+    weights = jnp.asarray(rng.normal(size=(8, 4, 6)))
+    graphdef, params, rest = nnx.split(node, nnx.Param, ...)
+
+    def grads(x, v0, params):
+        def loss(x, v0, params):
+            s, v = nnx.merge(graphdef, params, rest).multi_step(x, v0 if v_init else None, return_v_seq=seq)
+            v = v if seq else jax.tree.leaves(v)
+            return jnp.sum(s * weights) + sum(jnp.sum(jnp.sin(a * weights[-1])) for a in jax.tree.leaves(v)), s
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, v0, params)
+
+    ref = jax.jit(grads)(x, v0, params)
+    mesh = mesh_lib.make_mesh("time=4,data=2")
+
+    def split(x, v0, params):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            assert temporal.applies(x)
+            return grads(x, v0, params)
+
+    got = jax.jit(split)(jax.device_put(x, NamedSharding(mesh, P("time", "data"))), v0, params)
+    assert 0 < float(jnp.mean(ref[0][1])) < 1
+    np.testing.assert_array_equal(got[0][1], ref[0][1])
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-9, atol=1e-12)

@@ -120,6 +120,8 @@ def catalogue_neuron(case: dict[str, Any]) -> BaseNode:
     kwargs = dict(case.get("kwargs", {}))
     if "surrogate_function" in kwargs:
         kwargs["surrogate_function"] = parse_surrogate(kwargs["surrogate_function"])
+    if "act" in kwargs:  # LIAF's activation, by its jax.nn name
+        kwargs["act"] = getattr(jax.nn, kwargs["act"])
     return cls(**kwargs, step_mode="m")
 
 

@@ -12,6 +12,7 @@ from snnjax.neurons.catalogue import (
     EIFNode,
     IzhikevichNode,
     KLIFNode,
+    LIAFNode,
     NonSpikingIFNode,
     NonSpikingLIFNode,
     QIFNode,
@@ -23,8 +24,8 @@ from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential,
 from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
 
 __all__ = [
-    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIFNode",
-    "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode",
+    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIAFNode",
+    "LIFNode", "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode",
     "PiecewiseQuadratic", "QIFNode", "Rect", "Sigmoid", "SoftSign", "StepNeuron", "TernaryIFNode", "TernaryLIFNode",
     "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

@@ -14,6 +14,8 @@ class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_thre
                        ``W = W + (a (H - v_rest) - W) / tau_w + b S`` (state ``v`` and recovery ``w``)
 ``TernaryIFNode``      ``H = V + X``; ``S = 1[H >= v_threshold] - 1[-H >= v_threshold]`` in {-1, 0, 1}
 ``TernaryLIFNode``     LIF's charge; the ternary spike of ``TernaryIFNode``
+``LIAFNode``           LIF (fire and reset as LIF's) whose output is ``act(H - v_threshold)``
+                       (``threshold_related``) or ``act(H)``: analog, not spikes
 =====================  =================================================================================
 
 The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``v_reset`` with the event
@@ -22,6 +24,7 @@ The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +34,8 @@ from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
-__all__ = ["CUBALIFNode", "EIFNode", "IzhikevichNode", "KLIFNode", "NonSpikingIFNode", "NonSpikingLIFNode",
-           "QIFNode", "TernaryIFNode", "TernaryLIFNode"]
+__all__ = ["CUBALIFNode", "EIFNode", "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode",
+           "NonSpikingLIFNode", "QIFNode", "TernaryIFNode", "TernaryLIFNode"]
 
 
 def _lif_charge(x, v, tau: float, decay_input: bool, v_reset: float | None):
@@ -261,3 +264,27 @@ class TernaryLIFNode(_Ternary):
 
     def neuronal_charge(self, x, v, params):
         return _lif_charge(x, v, self.tau, self.decay_input, self.v_reset)
+
+
+class LIAFNode(BaseNode):
+    """Leaky integrate and analog fire: LIF's charge, spike and reset, but the output is ``act(H - v_threshold)``
+    with ``threshold_related``, else ``act(H)`` (``act`` any JAX function, e.g. ``jax.nn.relu``)."""
+
+    def __init__(self, act: Callable[[jax.Array], jax.Array], threshold_related: bool, tau: float = 2.0,
+                 decay_input: bool = True, v_threshold: float = 1.0, v_reset: float | None = 0.0,
+                 surrogate_function: sg.Surrogate = sg.Sigmoid(), detach_reset: bool = False, step_mode: str = "s",
+                 store_v_seq: bool = False, impl: str = "auto"):
+        if not callable(act):
+            raise TypeError(f"LIAFNode's act must be a function of an array (e.g. jax.nn.relu), got {act!r}")
+        _check_tau("LIAFNode", tau)
+        self.act, self.threshold_related = act, threshold_related
+        self.tau, self.decay_input = float(tau), decay_input
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return _lif_charge(x, v, self.tau, self.decay_input, self.v_reset)
+
+    def single_step(self, x, state, params):
+        h = {"v": self.neuronal_charge(x, state["v"], params)}
+        y = self.act(h["v"] - self.v_threshold if self.threshold_related else h["v"])
+        return y, self.neuronal_reset(h, self.neuronal_fire(h, params), params)

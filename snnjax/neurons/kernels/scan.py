@@ -49,13 +49,22 @@ def multistep(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=No
     """
     if isinstance(neuron, B.NeuronConfig):
         B.check_decay_param(neuron, w)
+        state0, single = {"v": B.broadcast_state(neuron, x_seq, v_init)}, True
+    else:
+        state0, single = initial_state(neuron, x_seq, v_init), len(neuron.fresh) == 1
+    outs, v_seq, last = run(neuron, x_seq, state0, w, return_v_seq=return_v_seq)
+    return outs, (v_seq if return_v_seq else last["v"] if single else last)
+
+
+def run(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, state0: dict, w, *, return_v_seq: bool):
+    """``(outs [T, ...], v_seq [T, ...] or None, final state dict)`` from the start state dict ``state0`` (state
+    dtype; ``{"v": V}`` for IF / LIF / PLIF). Differentiable in ``x_seq``, ``state0`` and ``w``."""
+    if isinstance(neuron, B.NeuronConfig):
         cfg = neuron
 
         def step(x, state, w):
             s, v = B.step(cfg, x, state["v"], w)
             return s, {"v": v}
-
-        state0, single = {"v": B.broadcast_state(cfg, x_seq, v_init)}, True
     else:
         sdt = B.state_dtype(x_seq.dtype)
 
@@ -63,9 +72,7 @@ def multistep(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=No
             out, state = neuron.step(x.astype(sdt), state, w)
             return out.astype(x.dtype), state
 
-        state0, single = initial_state(neuron, x_seq, v_init), len(neuron.fresh) == 1
-    outs, v = _scan(step, return_v_seq, x_seq, state0, w)
-    return outs, (v["v"] if single and not return_v_seq else v)
+    return _scan(step, return_v_seq, x_seq, state0, w)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -80,13 +87,12 @@ def _forward(step, return_v_seq, x_seq, state0, params):
         return new, (out, state, new["v"] if return_v_seq else None)
 
     last, (outs, before, v_seq) = jax.lax.scan(body, state0, x_seq)
-    return (outs, v_seq if return_v_seq else last), (x_seq, before, params)
+    return (outs, v_seq, last), (x_seq, before, params)
 
 
 def _backward(step, return_v_seq, res, cts):
     x_seq, before, params = res
-    d_outs, d_v = cts
-    state0 = jax.tree.map(lambda a: a[0], before)
+    d_outs, d_v_seq, d_last = cts
 
     def body(carry, inp):
         d_state, d_params = carry
@@ -97,9 +103,8 @@ def _backward(step, return_v_seq, res, cts):
         dx, d_state, dp = vjp((d_out, d_state))
         return (d_state, jax.tree.map(jnp.add, d_params, dp)), dx
 
-    d_last = jax.tree.map(jnp.zeros_like, state0) if return_v_seq else d_v
     carry0 = (d_last, jax.tree.map(jnp.zeros_like, params))
-    (d_state0, d_params), dx = jax.lax.scan(body, carry0, (x_seq, before, d_outs, d_v if return_v_seq else None),
+    (d_state0, d_params), dx = jax.lax.scan(body, carry0, (x_seq, before, d_outs, d_v_seq if return_v_seq else None),
                                             reverse=True)
     return dx, d_state0, d_params
 

@@ -20,6 +20,10 @@ needs a select; what it sends on an idle tick is zeroed. Spikes and states equal
 neuron's bit for bit (the same operations in the same order on the same values); gradients equal
 them to rounding (PLIF's ``dw`` is summed in another order).
 
+A neuron given by its single step (``base.StepNeuron``: the catalogue's, a user's) runs the same pipeline with
+its whole state (every state variable, a dict) passed between devices and its parameters' gradients summed like
+PLIF's ``dw``; each block is its ``scan`` path (``kernels.scan``).
+
 Per block runs the ``xla`` path (``kernels.xla``) or, given a ``kernel`` (``kernels.sharded.Kernel``:
 the native CPU kernels, the Pallas kernels), that kernel's forward and backward on the block flattened to
 ``[T/P, m]``; where other mesh axes (data, fsdp, tensor) split the activations too, the kernel runs through
@@ -60,7 +64,7 @@ from jax._src import mesh as jax_mesh  # get_concrete_mesh: the devices of ``jax
 from jax.sharding import PartitionSpec as P
 
 from snnjax.neurons import base as B
-from snnjax.neurons.kernels import sharded, xla
+from snnjax.neurons.kernels import scan, sharded, xla
 
 TIME_AXIS = "time"
 BUBBLE_TARGET = 0.10
@@ -251,7 +255,9 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     axis (``jax.sharding.use_abstract_mesh`` / ``jax.set_mesh``) that ``T`` divides by, and at least one
     trailing dim.
     """
-    B.check_decay_param(cfg, w)
+    step_neuron = isinstance(cfg, B.StepNeuron)
+    if not step_neuron:
+        B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     shards = time_shards()
     if shards < 2 or x_seq.ndim < 2 or x_seq.shape[0] % shards:
@@ -264,8 +270,8 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     sched = dataclasses.replace(sched, block_impl="xla" if kernel is None else kernel.name)
     if (record := _RECORD.get()) is not None:
         record.append((tuple(x_seq.shape), sched))
-    v0 = B.broadcast_state(cfg, x_seq, v_init)
-    w0 = jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
+    v0 = scan.initial_state(cfg, x_seq, v_init) if step_neuron else B.broadcast_state(cfg, x_seq, v_init)
+    w0 = w if step_neuron else jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
     # The pipeline views the trailing dims without those of size 1: with one kept, XLA:CPU laid the reshape into
     # the view out on its own and copied x and ds to undo it (two more segment-sized temporaries at N = 1).
     full = block_view(x_seq.shape[1:])
@@ -275,8 +281,11 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     # The devices are looked up now: the backward is traced later, maybe outside the mesh contexts.
     static = (cfg, return_v_seq, v_init is not None, shards, kept.index(sched.dim), blocks, kernel, _shard_map_mesh())
     t, trailing = x_seq.shape[0], x_seq.shape[1:]
-    s, v = _pipelined(static, x_seq.reshape(t, *view), v0.reshape(view), w0)
-    return s.reshape(x_seq.shape), v.reshape(v.shape[:1] + trailing if return_v_seq else trailing)
+    s, v = _pipelined(static, x_seq.reshape(t, *view), jax.tree.map(lambda a: a.reshape(view), v0), w0)
+    if return_v_seq:
+        return s.reshape(x_seq.shape), v.reshape(v.shape[:1] + trailing)
+    v = jax.tree.map(lambda a: a.reshape(trailing), v)
+    return s.reshape(x_seq.shape), (v["v"] if step_neuron and len(cfg.fresh) == 1 else v)
 
 
 # --- blocks: dim d of size n as [B, n / B] (block index major) or [n / B, B] (minor) --------------------------
@@ -333,7 +342,7 @@ def _bwd(static, res, cts):
                                 in_specs=(P(TIME_AXIS), P(TIME_AXIS), P(TIME_AXIS), P(), P(TIME_AXIS), v_spec),
                                 out_specs=(P(TIME_AXIS), P(), P()), axis_names={TIME_AXIS},
                                 check_vma=False)(_device_index(shards), x, v_in, w, ds, dv)
-    return dx, dv0.astype(v_in.dtype), dw
+    return dx, jax.tree.map(lambda g, a: g.astype(a.dtype), dv0, v_in), dw
 
 
 _pipelined.defvjp(_fwd, _bwd)
@@ -378,7 +387,16 @@ def _flat(kernel, x, v):
 
 
 def _block_forward(cfg, ret_seq, kernel, x, v, w):
-    """``(s [T/P, ...], v)`` of one block (``v`` the state sequence with ``ret_seq``, else the final state)."""
+    """``(s [T/P, ...], v, final)`` of one block (``v`` the state sequence with ``ret_seq``, else the final state;
+    ``final`` the final state, a dict for a ``StepNeuron``)."""
+    if isinstance(cfg, B.StepNeuron):
+        s, v_seq, last = scan.run(cfg, x, v, w, return_v_seq=ret_seq)
+        return s, (v_seq if ret_seq else last), last
+    s, v = _kernel_block_forward(cfg, ret_seq, kernel, x, v, w)
+    return s, v, (v[-1] if ret_seq else v)
+
+
+def _kernel_block_forward(cfg, ret_seq, kernel, x, v, w):
     if kernel is None:
         return xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
     if _other_axes_split():  # the partitioner splits the block further: the kernel per device, on its share
@@ -387,8 +405,13 @@ def _block_forward(cfg, ret_seq, kernel, x, v, w):
     return s.astype(x.dtype).reshape(x.shape), v_out.reshape(x.shape if ret_seq else v.shape)
 
 
-def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv):
-    """``(dx, dv_start, dw)`` of one block from the cotangents of its spikes and states, recomputing its forward."""
+def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv, d_last=None):
+    """``(dx, dv_start, dw)`` of one block from the cotangents of its spikes and states, recomputing its forward
+    (a ``StepNeuron``: ``dv`` that of the state sequence, None without ``ret_seq``, and ``d_last`` that of the
+    final state dict)."""
+    if isinstance(cfg, B.StepNeuron):
+        _, vjp = jax.vjp(lambda x, v, w: scan.run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
+        return vjp((ds, dv, d_last))
     if kernel is None or _other_axes_split():
         run = xla.multistep if kernel is None else functools.partial(sharded.multistep, kernel)
         _, vjp = jax.vjp(lambda x, v, w: run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
@@ -400,6 +423,11 @@ def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv):
     return dx.astype(x.dtype).reshape(x.shape), dv0.reshape(v.shape), dw
 
 
+def tree_take(blocks: _Blocks, tree, j, axis):
+    """Block ``j`` of every array of ``tree`` (a state dict, or one array)."""
+    return jax.tree.map(lambda a: blocks.take(a, j, axis), tree)
+
+
 # --- the two pipelines ---------------------------------------------------------------------------------------
 
 
@@ -407,12 +435,12 @@ def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, index, x, v0, w):
     """One device: ``x [T/P, *view]`` -> spikes, ``v`` (sequence, or the last device's final state), and
     the start potential of each neuron's segment ``[1, *view]``."""
     k = index[0]
-    sdt, nb = v0.dtype, blocks.count
-    xb, v0b = blocks.split(x, d + 1), blocks.split(v0, d)
+    sdt, nb = jax.tree.leaves(v0)[0].dtype, blocks.count
+    xb, v0b = blocks.split(x, d + 1), jax.tree.map(lambda a: blocks.split(a, d), v0)
     s_buf = jnp.zeros(xb.shape, x.dtype)
-    v_buf = jnp.zeros(xb.shape if ret_seq else v0b.shape, sdt)
-    vin_buf = jnp.zeros(v0b.shape, sdt)
-    v_recv = jnp.zeros_like(blocks.take(v0b, 0, d))
+    v_buf = jnp.zeros(xb.shape, sdt) if ret_seq else jax.tree.map(jnp.zeros_like, v0b)
+    vin_buf = jax.tree.map(jnp.zeros_like, v0b)
+    v_recv = tree_take(blocks, v0b, 0, d)
 
     def tick(carry, i):
         v_recv, v_prev, s_buf, v_buf, vin_buf = carry
@@ -420,14 +448,14 @@ def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, index, x, v0, w):
         valid = (j >= 0) & (j < nb)
         jc = jnp.clip(j, 0, nb - 1)
         # After its last block a device recomputes that block from the same start (the same values again).
-        v_start = jnp.where(j >= nb, v_prev, jnp.where(k == 0, blocks.take(v0b, jc, d), v_recv))
-        s, v = _block_forward(cfg, ret_seq, kernel, blocks.take(xb, jc, d + 1), v_start, w)
+        v_start = jax.tree.map(lambda prev, own, recv: jnp.where(j >= nb, prev, jnp.where(k == 0, own, recv)),
+                               v_prev, tree_take(blocks, v0b, jc, d), v_recv)
+        s, v, v_last = _block_forward(cfg, ret_seq, kernel, blocks.take(xb, jc, d + 1), v_start, w)
         s_buf = blocks.put(s_buf, s, jc, d + 1)
-        v_buf = blocks.put(v_buf, v, jc, d + 1 if ret_seq else d)
-        vin_buf = blocks.put(vin_buf, v_start, jc, d)
-        v_last = v[-1] if ret_seq else v
-        v_send = jnp.where(valid, v_last, jnp.zeros_like(v_last))
-        v_recv = _shift(v_send, k, shards, +1)
+        v_buf = jax.tree.map(lambda buf, a: blocks.put(buf, a, jc, d + 1 if ret_seq else d), v_buf, v)
+        vin_buf = jax.tree.map(lambda buf, a: blocks.put(buf, a, jc, d), vin_buf, v_start)
+        v_send = jax.tree.map(lambda a: jnp.where(valid, a, jnp.zeros_like(a)), v_last)
+        v_recv = jax.tree.map(lambda a: _shift(a, k, shards, +1), v_send)
         return (v_recv, v_start, s_buf, v_buf, vin_buf), None
 
     init = (v_recv, v_recv, s_buf, v_buf, vin_buf)
@@ -436,51 +464,62 @@ def _forward_body(cfg, ret_seq, kernel, shards, d, blocks, index, x, v0, w):
     if ret_seq:
         v = blocks.merge(v_buf, d + 1)
     else:  # the final state lives on the last device; every device returns it
-        v_last = blocks.merge(v_buf, d)
-        v = jax.lax.psum(jnp.where(k == shards - 1, v_last, jnp.zeros_like(v_last)), TIME_AXIS)
-    return s, v, blocks.merge(vin_buf, d)[None]
+        v = jax.tree.map(lambda buf: jax.lax.psum(jnp.where(k == shards - 1, blocks.merge(buf, d), 0), TIME_AXIS),
+                         v_buf)
+    return s, v, jax.tree.map(lambda buf: blocks.merge(buf, d)[None], vin_buf)
 
 
 def _backward_body(cfg, ret_seq, kernel, has_v_init, shards, d, blocks, index, x, v_in, w, ds, dv):
-    """One device: the reverse pipeline; returns ``dx [T/P, *view]``, ``dv_init [*view]`` and PLIF's ``dw``."""
+    """One device: the reverse pipeline; returns ``dx [T/P, *view]``, ``dv_init [*view]`` (a dict for a
+    ``StepNeuron``) and the parameters' gradients (PLIF's ``dw``, a ``StepNeuron``'s params pytree)."""
     k = index[0]
-    sdt, nb = v_in.dtype, blocks.count
-    xb, vinb, dsb = blocks.split(x, d + 1), blocks.split(v_in[0], d), blocks.split(ds, d + 1)
-    dvb = blocks.split(dv, d + 1 if ret_seq else d)
+    step_neuron = isinstance(cfg, B.StepNeuron)
+    nb = blocks.count
+    xb, dsb = blocks.split(x, d + 1), blocks.split(ds, d + 1)
+    vinb = jax.tree.map(lambda a: blocks.split(a[0], d), v_in)
+    dvb = jax.tree.map(lambda a: blocks.split(a, d + 1 if ret_seq else d), dv)
     dx_buf = jnp.zeros(xb.shape, x.dtype)
-    dv0_buf = jnp.zeros(vinb.shape, sdt)
-    g_recv = jnp.zeros_like(blocks.take(vinb, 0, d))
-    plif = cfg.kind == "PLIF"
-    dw = jnp.zeros((), w.dtype) if plif else None
+    dv0_buf = jax.tree.map(jnp.zeros_like, vinb)
+    g_recv = tree_take(blocks, dv0_buf, 0, d)
+    has_w = step_neuron or cfg.kind == "PLIF"
+    dw = jax.tree.map(jnp.zeros_like, w) if has_w else None
 
     def tick(carry, i):
         g_recv, g_prev, dx_buf, dv0_buf, dw = carry
         j = i - (shards - 1 - k)
         valid = (j >= 0) & (j < nb)
         jc = jnp.clip(j, 0, nb - 1)
-        g = jnp.where(j >= nb, g_prev, g_recv)  # after its last block, that block again (as in the forward)
-        if ret_seq:  # dL/dV of the segment's last step: its own cotangent plus what the next segment sends
-            dv_j = blocks.take(dvb, jc, d + 1)
-            dv_j = dv_j.at[-1].set(dv_j[-1] + g.astype(dv_j.dtype))
+        # after its last block, that block again (as in the forward)
+        g = jax.tree.map(lambda prev, recv: jnp.where(j >= nb, prev, recv), g_prev, g_recv)
+        x_j, v_j, ds_j = blocks.take(xb, jc, d + 1), tree_take(blocks, vinb, jc, d), blocks.take(dsb, jc, d + 1)
+        if step_neuron:  # dL/d(final state): the next segment's, or on the last device the caller's
+            d_last = g if ret_seq else jax.tree.map(
+                lambda own, recv: jnp.where(k == shards - 1, own.astype(recv.dtype), recv),
+                tree_take(blocks, dvb, jc, d), g)
+            dv_seq = blocks.take(dvb, jc, d + 1) if ret_seq else None
+            dx_j, dv0_j, dw_j = _block_backward(cfg, ret_seq, kernel, x_j, v_j, w, ds_j, dv_seq, d_last)
         else:
-            dv_j = jnp.where(k == shards - 1, blocks.take(dvb, jc, d).astype(sdt), g)
-        dx_j, dv0_j, dw_j = _block_backward(cfg, ret_seq, kernel, blocks.take(xb, jc, d + 1),
-                                            blocks.take(vinb, jc, d), w, blocks.take(dsb, jc, d + 1), dv_j)
+            if ret_seq:  # dL/dV of the segment's last step: its own cotangent plus what the next segment sends
+                dv_j = blocks.take(dvb, jc, d + 1)
+                dv_j = dv_j.at[-1].set(dv_j[-1] + g.astype(dv_j.dtype))
+            else:
+                dv_j = jnp.where(k == shards - 1, blocks.take(dvb, jc, d).astype(g.dtype), g)
+            dx_j, dv0_j, dw_j = _block_backward(cfg, ret_seq, kernel, x_j, v_j, w, ds_j, dv_j)
         dx_buf = blocks.put(dx_buf, dx_j, jc, d + 1)
-        dv0_buf = blocks.put(dv0_buf, dv0_j, jc, d)
-        if plif:
-            dw = dw + jnp.where(valid, dw_j, jnp.zeros_like(dw_j))
-        g_send = jnp.where(valid, dv0_j, jnp.zeros_like(dv0_j))
-        g_recv = _shift(g_send, k, shards, -1)
+        dv0_buf = jax.tree.map(lambda buf, a: blocks.put(buf, a, jc, d), dv0_buf, dv0_j)
+        if has_w:
+            dw = jax.tree.map(lambda acc, a: acc + jnp.where(valid, a, jnp.zeros_like(a)), dw, dw_j)
+        g_send = jax.tree.map(lambda a: jnp.where(valid, a, jnp.zeros_like(a)), dv0_j)
+        g_recv = jax.tree.map(lambda a: _shift(a, k, shards, -1), g_send)
         return (g_recv, g, dx_buf, dv0_buf, dw), None
 
     init = (g_recv, g_recv, dx_buf, dv0_buf, dw)
     (*_, dx_buf, dv0_buf, dw), _ = jax.lax.scan(tick, init, jnp.arange(nb + shards - 1))
-    dv0 = blocks.merge(dv0_buf, d)
+    dv0 = jax.tree.map(lambda buf: blocks.merge(buf, d), dv0_buf)
     if has_v_init:
-        dv0 = jax.lax.psum(jnp.where(k == 0, dv0, jnp.zeros_like(dv0)), TIME_AXIS)
+        dv0 = jax.tree.map(lambda a: jax.lax.psum(jnp.where(k == 0, a, jnp.zeros_like(a)), TIME_AXIS), dv0)
     else:  # the fresh start is a constant: its cotangent is not wanted
-        dv0 = jnp.zeros_like(dv0)
-    if plif:
-        dw = jax.lax.psum(dw, TIME_AXIS)
+        dv0 = jax.tree.map(jnp.zeros_like, dv0)
+    if has_w:
+        dw = jax.tree.map(lambda a: jax.lax.psum(a, TIME_AXIS), dw)
     return blocks.merge(dx_buf, d + 1), dv0, dw
