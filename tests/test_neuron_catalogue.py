@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from snnjax import Sequential, layers, neurons
 from snnjax.interop import check
-from snnjax.models import neuron_options
+from snnjax.models import SpikingMLP, neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
 from snnjax.neurons.compare import REFERENCE, run_vjp
 from snnjax.neurons.kernels import temporal
@@ -160,6 +160,10 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
                      NonSpikingLIFNode(decode="mean-mem"))
     x = jnp.asarray(np.random.default_rng(3).random((5, 2, 6)))
     assert net(x).shape == (2, 3)
+    mlp = SpikingMLP(6, (8,), 3, spiking_neuron="CUBALIFNode", c_decay=0.3, rngs=rngs)
+    assert mlp(x).shape[-1] == 3
+    assert {type(m) for _, m in nnx.iter_modules(mlp) if isinstance(m, BaseNode)} == {CUBALIFNode}
+    assert neurons.set_impl(mlp, "native") == 0  # kernels are for IF / LIF / PLIF: the CUBA-LIF keeps "auto"
     choice = neuron_options.Neurons.of(neurons.QIFNode, {"tau": 3.0, "detach_reset": True}, model="test")
     made = choice.make()
     assert isinstance(made, neurons.QIFNode) and made.tau == 3.0 and made.step_mode == "m"

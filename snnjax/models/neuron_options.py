@@ -13,8 +13,9 @@ as ``store_v_seq``), and builds each neuron site as SpikingJelly does:
   map), the given keywords over them. Models that SpikingJelly builds only from a given class (the
   ResNets, the parametric-LIF nets) refuse None.
 
-``spiking_neuron`` is one of ``snnjax.neurons``' classes (``IFNode``, ``LIFNode``, ``ParametricLIFNode``)
-or, as an snnjax convenience for configs, its name (``"IF"``, ``"LIF"``, ``"PLIF"``). Neurons are
+``spiking_neuron`` is a neuron class of ``snnjax.neurons`` (``IFNode``, ``LIFNode``, ``ParametricLIFNode``, the
+catalogue's such as ``CUBALIFNode``, or a user's ``BaseNode`` subclass) or, as an snnjax convenience for
+configs, a name of ``NEURONS`` (``"IF"``, ``"LIF"``, ``"PLIF"``, and the catalogue's class names). Neurons are
 multi-step (``step_mode="m"``, the only value accepted). A keyword the chosen class does not take
 (``tau`` for ``IFNode``, ``init_tau`` for ``LIFNode``) raises ``ValueError`` naming it.
 """
@@ -25,10 +26,11 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode
+from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, catalogue
 from snnjax.neurons.modules import BaseNode
 
-NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode}
+NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode,
+                                      **{name: getattr(catalogue, name) for name in catalogue.__all__}}
 # The neuron keywords a config may set (the constructors' ``**kwargs``), with their types for an unset (None) value.
 KEYWORD_TYPES: dict[str, type] = {"tau": float, "init_tau": float, "decay_input": bool, "v_threshold": float,
                                   "v_reset": float, "surrogate_function": str, "detach_reset": bool}
@@ -38,7 +40,7 @@ _HINTS = {"backend": "snnjax picks the neuron implementation with impl= (model.n
 
 
 def neuron_class(spiking_neuron: type[BaseNode] | str | None) -> type[BaseNode] | None:
-    """The class ``spiking_neuron`` names: a ``snnjax.neurons`` class, its name (``IF``, ``LIF``, ``PLIF``) or None."""
+    """The class ``spiking_neuron`` names: a ``snnjax.neurons`` class, a name of ``NEURONS`` or None."""
     if spiking_neuron is None:
         return None
     if isinstance(spiking_neuron, str):
@@ -48,7 +50,8 @@ def neuron_class(spiking_neuron: type[BaseNode] | str | None) -> type[BaseNode] 
         return NEURONS[spiking_neuron]
     if not (inspect.isclass(spiking_neuron) and issubclass(spiking_neuron, BaseNode)):
         raise TypeError(f"spiking_neuron must be a snnjax neuron class (snnjax.neurons.IFNode, LIFNode, "
-                        f"ParametricLIFNode), its name or None, got {spiking_neuron!r}")
+                        f"ParametricLIFNode, CUBALIFNode, ..., or a BaseNode subclass), its name or None, "
+                        f"got {spiking_neuron!r}")
     return spiking_neuron
 
 

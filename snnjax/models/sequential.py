@@ -24,9 +24,9 @@ imports into this form (``snnjax.deploy.nir``). Each spec has a ``kind`` (``KIND
 - ``{"kind": "batchnorm"}``, ``{"kind": "dropout"}`` (rate 0: the identity)
 - ``{"kind": "flatten", "order": "hwc"}`` (``layers.Flatten``; ``"chw"`` is torch's order)
 - ``{"kind": "avgpool" | "maxpool", "size": k}`` (kernel = stride)
-- ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF", ...}`` plus the neuron's keywords (``tau`` / PLIF's
-  ``init_tau``, ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``, ``surrogate_function``; the
-  names are ``snnjax.models.neuron_options.NEURONS``)
+- ``{"kind": "neuron", "type": "IF" | "LIF" | "PLIF" | "CUBALIFNode" | ..., ...}`` plus the neuron's keywords
+  (``tau`` / PLIF's ``init_tau``, ``decay_input``, ``v_threshold``, ``v_reset``, ``detach_reset``,
+  ``surrogate_function``, a catalogue neuron's own; the names are ``snnjax.models.neuron_options.NEURONS``)
 
 Streaming, export, op counts and NIR run a Sequential's own layers (``snnjax.deploy``).
 """

@@ -261,12 +261,13 @@ class ParametricLIFNode(BaseNode):
 
 def set_impl(model: nnx.Module, impl: str) -> int:
     """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
-    ``"native"``; ``snnjax.neurons.kernels.dispatch``). Returns the number of neurons changed."""
+    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A kernel's name reaches the built-in IF / LIF /
+    PLIF only (the others run ``scan`` alone and keep their own). Returns the number of neurons changed."""
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
     count = 0
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode):
+        if isinstance(module, BaseNode) and (module.kind is not None or impl in ("auto", "scan")):
             module.impl = impl
             count += 1
     return count

@@ -129,7 +129,8 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
     if impl != "auto":
         reason = IMPLEMENTATIONS[impl].unsupported_reason(cfg, shape, dtype, backend)
         if reason is not None:
-            raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
+            other = "'xla'" if isinstance(cfg, B.NeuronConfig) else "'scan'"
+            raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl={other} (or 'auto')")
         return impl
     fallback = "xla" if isinstance(cfg, B.NeuronConfig) else "scan"
     if shape[:1] in ((), (1,)):
