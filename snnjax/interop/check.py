@@ -130,6 +130,8 @@ def check_catalogue_case(case: dict[str, Any], arrays: dict[str, np.ndarray], im
     ``v_seq``, and the gradients of ``x`` and of every parameter (``grad/``). A neuron with no fused kernels runs
     ``scan`` whatever ``impl`` names (the result's ``impl`` says which ran)."""
     node = catalogue_neuron(case)
+    if case.get("layout") == "TNCHW":  # SpikingJelly's channels-first steps: snnjax's are channels-last
+        arrays = {k: np.moveaxis(a, 2, -1) if a.ndim == 5 else a for k, a in arrays.items()}
     node.impl = impl if impl in ("auto", "scan") or node.kind is not None else "scan"
     for name, value in case_arrays(arrays, "param/").items():
         getattr(node, name).set_value(jnp.asarray(value))

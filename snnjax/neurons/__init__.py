@@ -10,6 +10,7 @@ from snnjax.neurons.base import NeuronConfig, StepNeuron, multistep_reference, s
 from snnjax.neurons.catalogue import (
     CUBALIFNode,
     EIFNode,
+    GatedLIFNode,
     IzhikevichNode,
     KLIFNode,
     LIAFNode,
@@ -24,8 +25,9 @@ from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential,
 from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
 
 __all__ = [
-    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIAFNode",
-    "LIFNode", "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode",
-    "PiecewiseQuadratic", "QIFNode", "Rect", "Sigmoid", "SoftSign", "StepNeuron", "TernaryIFNode", "TernaryLIFNode",
-    "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "GatedLIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode",
+    "LIAFNode", "LIFNode", "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode",
+    "ParametricLIFNode", "PiecewiseQuadratic", "QIFNode", "Rect", "Sigmoid", "SoftSign", "StepNeuron",
+    "TernaryIFNode", "TernaryLIFNode", "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl",
+    "spike", "step", "surrogate",
 ]

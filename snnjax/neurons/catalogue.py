@@ -16,6 +16,7 @@ class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_thre
 ``TernaryLIFNode``     LIF's charge; the ternary spike of ``TernaryIFNode``
 ``LIAFNode``           LIF (fire and reset as LIF's) whose output is ``act(H - v_threshold)``
                        (``threshold_related``) or ``act(H)``: analog, not spikes
+``GatedLIFNode``       learned gates (below); the previous spike resets inside the charge
 =====================  =================================================================================
 
 The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``v_reset`` with the event
@@ -34,7 +35,7 @@ from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
-__all__ = ["CUBALIFNode", "EIFNode", "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode",
+__all__ = ["CUBALIFNode", "EIFNode", "GatedLIFNode", "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode",
            "NonSpikingLIFNode", "QIFNode", "TernaryIFNode", "TernaryLIFNode"]
 
 
@@ -288,3 +289,76 @@ class LIAFNode(BaseNode):
         h = {"v": self.neuronal_charge(x, state["v"], params)}
         y = self.act(h["v"] - self.v_threshold if self.threshold_related else h["v"])
         return y, self.neuronal_reset(h, self.neuronal_fire(h, params), params)
+
+
+def _logit(p: float) -> float:
+    return -math.log(1.0 / p - 1.0)
+
+
+class GatedLIFNode(BaseNode):
+    """Gated LIF, multi-step over exactly ``T`` steps, every parameter learned through a sigmoid, one per channel
+    (the last axis; ``inplane`` channels, None: one scalar each). With ``a, b, g, k, th, d, r`` the sigmoids of
+    ``alpha, beta, gamma, tau, v_threshold, linear_decay, v_subreset``, ``c_t`` that of ``conduct[t]`` (one per
+    time step), ``S`` the previous step's spike and ``m = 1 - a (1 - k)``::
+
+        H = m V - (1 - a) d + X (1 - b (1 - c_t)) - m V g S - (1 - g) r S;   S = 1[H >= th];   V = H
+
+    ``alpha, beta, gamma`` start uniform in [-0.1, 0.1) (from ``rngs``, default ``nnx.Rngs(0)``); the others at
+    the logits of their ``init_*`` values (``init_linear_decay``: ``init_v_threshold / (2 T)``,
+    ``init_v_subreset``: ``init_v_threshold``). State: ``v``, the previous spike ``s`` and the step ``t``.
+    """
+
+    def __init__(self, T: int, inplane: int | None = None, init_linear_decay: float | None = None,
+                 init_v_subreset: float | None = None, init_tau: float = 0.25, init_v_threshold: float = 0.5,
+                 init_conduct: float = 0.5, surrogate_function: sg.Surrogate = sg.Sigmoid(), step_mode: str = "m",
+                 impl: str = "auto", rngs: nnx.Rngs | None = None):
+        if not (isinstance(T, int) and T > 0):
+            raise ValueError(f"GatedLIFNode needs the number of time steps T > 0 (an int), got T={T!r}")
+        if step_mode != "m":
+            raise ValueError(f"GatedLIFNode is multi-step only (its conductance is per time step): step_mode='m', "
+                             f"got {step_mode!r}")
+        init_linear_decay = init_v_threshold / (T * 2) if init_linear_decay is None else init_linear_decay
+        init_v_subreset = init_v_threshold if init_v_subreset is None else init_v_subreset
+        for name, value in (("init_tau", init_tau), ("init_v_threshold", init_v_threshold),
+                            ("init_conduct", init_conduct), ("init_linear_decay", init_linear_decay),
+                            ("init_v_subreset", init_v_subreset)):
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"GatedLIFNode needs 0 < {name} < 1 (a sigmoid's value), got {value}")
+        self.T = T
+        super().__init__(v_threshold=init_v_threshold, v_reset=None, surrogate_function=surrogate_function,
+                         step_mode="m", impl=impl)
+        shape = () if inplane is None else (inplane,)
+        key = (rngs or nnx.Rngs(0)).params()
+        for name, k in zip(("alpha", "beta", "gamma"), jax.random.split(key, 3), strict=True):
+            setattr(self, name, nnx.Param(0.2 * (jax.random.uniform(k, shape, dtype=float) - 0.5)))
+        full = lambda p, s=shape: nnx.Param(jnp.full(s, _logit(p), dtype=float))  # noqa: E731
+        # SpikingJelly's names: v_threshold is a learned parameter here (the threshold is its sigmoid).
+        del self.v_threshold  # BaseNode's number, replaced by the parameter
+        self.tau, self.v_threshold = full(init_tau), full(init_v_threshold)
+        self.linear_decay, self.v_subreset = full(init_linear_decay), full(init_v_subreset)
+        self.conduct = full(init_conduct, (T, *shape))
+
+    def initial_state(self):
+        return {"v": 0.0, "s": 0.0, "t": 0.0}
+
+    def neuronal_charge(self, x, v, params):
+        sig = {k: jax.nn.sigmoid(a).astype(x.dtype) for k, a in params.items() if k != "conduct"}
+        t = v["t"].reshape(-1)[0].astype(jnp.int32)
+        c = jax.nn.sigmoid(jax.lax.dynamic_index_in_dim(params["conduct"], t, keepdims=False)).astype(x.dtype)
+        a, g, keep = sig["alpha"], sig["gamma"], 1 - sig["alpha"] * (1 - sig["tau"])
+        h = (keep * v["v"] - (1 - a) * sig["linear_decay"]) + x * (1 - sig["beta"] * (1 - c))
+        h = h - keep * v["v"] * g * v["s"] - (1 - g) * sig["v_subreset"] * v["s"]
+        return {"v": h, "s": v["s"], "t": v["t"] + 1.0}
+
+    def neuronal_fire(self, h, params):
+        return sg.spike(h["v"] - jax.nn.sigmoid(params["v_threshold"]).astype(h["v"].dtype),
+                        self.surrogate_function)
+
+    def neuronal_reset(self, h, spike, params):
+        return {**h, "s": spike}
+
+    def multi_step(self, x_seq, v_init=None, *, return_v_seq=False):
+        if x_seq.shape[0] != self.T:
+            raise ValueError(f"GatedLIFNode(T={self.T}) got {x_seq.shape[0]} time steps; build it with T equal to "
+                             "the input's")
+        return super().multi_step(x_seq, v_init, return_v_seq=return_v_seq)
