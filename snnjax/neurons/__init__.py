@@ -8,15 +8,18 @@ VJPs of any implementation) serves the kernel checks and tests.
 from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, StepNeuron, multistep_reference, step
 from snnjax.neurons.catalogue import (
+    ComplementaryLIFNode,
     CUBALIFNode,
     EIFNode,
     GatedLIFNode,
+    HalfThresholdIFNode,
     IzhikevichNode,
     KLIFNode,
     LIAFNode,
     NonSpikingIFNode,
     NonSpikingLIFNode,
     QIFNode,
+    RAFNode,
     TernaryIFNode,
     TernaryLIFNode,
 )
@@ -25,9 +28,9 @@ from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential,
 from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
 
 __all__ = [
-    "ATan", "BaseNode", "CUBALIFNode", "EIFNode", "GatedLIFNode", "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode",
-    "LIAFNode", "LIFNode", "MembranePotential", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode",
-    "ParametricLIFNode", "PiecewiseQuadratic", "QIFNode", "Rect", "Sigmoid", "SoftSign", "StepNeuron",
-    "TernaryIFNode", "TernaryLIFNode", "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl",
-    "spike", "step", "surrogate",
+    "ATan", "BaseNode", "CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode",
+    "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIAFNode", "LIFNode", "MembranePotential", "NeuronConfig",
+    "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode", "PiecewiseQuadratic", "QIFNode", "RAFNode", "Rect",
+    "Sigmoid", "SoftSign", "StepNeuron", "TernaryIFNode", "TernaryLIFNode", "multistep", "multistep_reference",
+    "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

@@ -17,6 +17,11 @@ class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_thre
 ``LIAFNode``           LIF (fire and reset as LIF's) whose output is ``act(H - v_threshold)``
                        (``threshold_related``) or ``act(H)``: analog, not spikes
 ``GatedLIFNode``       learned gates (below); the previous spike resets inside the charge
+``HalfThresholdIFNode`` IF with soft reset, starting from ``v_threshold / 2``
+``RAFNode``            resonate-and-fire: ``(U, V)`` rotated by ``omega dt`` and damped by ``exp(b dt)``, ``U``
+                       taking ``X``; fire and reset on ``V`` (state ``v`` and ``u``)
+``ComplementaryLIFNode`` ``H = V - V / tau + X``; ``M = M sigmoid(H / tau) + S``; soft reset by
+                       ``S (v_threshold + sigmoid(M))`` (state ``v`` and ``m``)
 =====================  =================================================================================
 
 The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``v_reset`` with the event
@@ -35,8 +40,9 @@ from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
-__all__ = ["CUBALIFNode", "EIFNode", "GatedLIFNode", "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode",
-           "NonSpikingLIFNode", "QIFNode", "TernaryIFNode", "TernaryLIFNode"]
+__all__ = ["CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode", "IzhikevichNode",
+           "KLIFNode", "LIAFNode", "NonSpikingIFNode", "NonSpikingLIFNode", "QIFNode", "RAFNode", "TernaryIFNode",
+           "TernaryLIFNode"]
 
 
 def _lif_charge(x, v, tau: float, decay_input: bool, v_reset: float | None):
@@ -362,3 +368,62 @@ class GatedLIFNode(BaseNode):
             raise ValueError(f"GatedLIFNode(T={self.T}) got {x_seq.shape[0]} time steps; build it with T equal to "
                              "the input's")
         return super().multi_step(x_seq, v_init, return_v_seq=return_v_seq)
+
+
+class HalfThresholdIFNode(BaseNode):
+    """IF with soft reset whose potential starts (and restarts on ``reset()``) at ``v_threshold / 2``."""
+
+    def __init__(self, v_threshold: float = 1.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        if not (math.isfinite(v_threshold) and v_threshold > 0):
+            raise ValueError(f"HalfThresholdIFNode needs a finite v_threshold > 0, got {v_threshold}")
+        super().__init__(float(v_threshold), None, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def initial_state(self):
+        return {"v": self.v_threshold / 2.0}
+
+    def neuronal_charge(self, x, v, params):
+        return v + x
+
+
+class RAFNode(BaseNode):
+    """Resonate-and-fire: with ``r = exp(b dt)``, ``c, s = cos(omega dt), sin(omega dt)``:
+    ``U = r (U c - V s) + X``, ``H = r (U s + V c)`` (both from the old ``U, V``), then fire and reset ``H``."""
+
+    def __init__(self, b: float = -0.2, omega: float = 1.0, dt: float = 1.0, v_threshold: float = 1.0,
+                 v_reset: float | None = 0.0, surrogate_function: sg.Surrogate = sg.Sigmoid(),
+                 detach_reset: bool = False, step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        for name, value, ok in (("b", b, b < 0), ("omega", omega, omega > 0), ("dt", dt, dt > 0)):
+            if not ok:
+                raise ValueError(f"RAFNode needs {name} {'< 0' if name == 'b' else '> 0'}, got {name}={value}")
+        self.b, self.omega, self.dt = float(b), float(omega), float(dt)
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def initial_state(self):
+        return {"v": 0.0 if self.v_reset is None else self.v_reset, "u": 0.0}
+
+    def neuronal_charge(self, x, v, params):
+        r, c, s = math.exp(self.b * self.dt), math.cos(self.omega * self.dt), math.sin(self.omega * self.dt)
+        return {"v": r * (v["u"] * s + v["v"] * c), "u": r * (v["u"] * c - v["v"] * s) + x}
+
+
+class ComplementaryLIFNode(BaseNode):
+    """Complementary LIF: a LIF without decay of the input and a complementary potential ``m`` that decays by
+    ``sigmoid(H / tau)`` and gains each spike; the soft reset subtracts ``S (v_threshold + sigmoid(M))``.
+    ``store_state_seqs`` is SpikingJelly's name for ``store_v_seq`` here (``v_seq`` is sown)."""
+
+    def __init__(self, tau: float = 2.0, v_threshold: float = 1.0, surrogate_function: sg.Surrogate = sg.Rect(),
+                 step_mode: str = "s", store_state_seqs: bool = False, impl: str = "auto"):
+        _check_tau("ComplementaryLIFNode", tau)
+        self.tau = float(tau)
+        super().__init__(v_threshold, None, surrogate_function, False, step_mode, store_state_seqs, impl)
+
+    def initial_state(self):
+        return {"v": 0.0, "m": 0.0}
+
+    def neuronal_charge(self, x, v, params):
+        return {"v": v["v"] - (v["v"] - 0.0) / self.tau + x, "m": v["m"]}
+
+    def neuronal_reset(self, h, spike, params):
+        m = h["m"] * jax.nn.sigmoid(h["v"] / self.tau) + spike
+        return {"v": h["v"] - spike * (self.v_threshold + jax.nn.sigmoid(m)), "m": m}
