@@ -146,9 +146,9 @@ def test_a_user_written_adaptive_lif_matches_a_python_loop():
         return jnp.sum(jnp.stack(out) * gy)
 
     graphdef, params, rest = nnx.split(node, nnx.Param, ...)
-    got, (gx, gp) = jax.value_and_grad(lambda x, p: jnp.sum(nnx.merge(graphdef, p, rest)(x) * gy),
-                                       argnums=(0, 1))(x, params)
-    want, (wx, ww) = jax.value_and_grad(loop, argnums=(0, 1))(x, params["w"][...])
+    got, (gx, gp) = jax.jit(jax.value_and_grad(lambda x, p: jnp.sum(nnx.merge(graphdef, p, rest)(x) * gy),
+                                               argnums=(0, 1)))(x, params)
+    want, (wx, ww) = jax.jit(jax.value_and_grad(loop, argnums=(0, 1)))(x, params["w"][...])
     assert float(got) == pytest.approx(float(want), rel=1e-14)
     np.testing.assert_allclose(gx, wx, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(gp["w"][...], ww, rtol=1e-12)
