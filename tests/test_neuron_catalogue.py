@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from snnjax import Sequential, layers, neurons
-from snnjax.interop import check
+from snnjax.interop import check, spikingjelly
 from snnjax.models import SpikingMLP, neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
 from snnjax.neurons.compare import REFERENCE, run_vjp
@@ -164,6 +164,10 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
     assert mlp(x).shape[-1] == 3
     assert {type(m) for _, m in nnx.iter_modules(mlp) if isinstance(m, BaseNode)} == {CUBALIFNode}
     assert neurons.set_impl(mlp, "native") == 0  # kernels are for IF / LIF / PLIF: the CUBA-LIF keeps "auto"
+    klif = Sequential(layers.linear(6, 8, rngs=rngs), neurons.KLIFNode(step_mode="m"))  # SpikingJelly's names
+    spikingjelly.import_state_dict(klif, {"0.weight": np.ones((8, 6)), "0.bias": np.zeros(8), "1.k": np.array(1.7)},
+                                   dtype=jnp.float64)
+    assert float(klif.layers[1].k[...]) == 1.7
     choice = neuron_options.Neurons.of(neurons.QIFNode, {"tau": 3.0, "detach_reset": True}, model="test")
     made = choice.make()
     assert isinstance(made, neurons.QIFNode) and made.tau == 3.0 and made.step_mode == "m"

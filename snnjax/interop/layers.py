@@ -42,7 +42,7 @@ from flax import nnx
 
 from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d
 from snnjax.models.sequential import Sequential
-from snnjax.neurons.modules import IFNode, LIFNode, ParametricLIFNode
+from snnjax.neurons.modules import BaseNode
 
 Convert = Callable[[np.ndarray], np.ndarray]
 Path = tuple
@@ -95,19 +95,20 @@ LINEAR = LayerRule({"weight": ("kernel", out_in_to_in_out), "bias": ("bias", ide
 BATCHNORM = LayerRule({"weight": ("scale", identity), "bias": ("bias", identity),
                        "running_mean": ("mean", identity), "running_var": ("var", identity)},
                       ignore=("num_batches_tracked",))
-PLIF = LayerRule({"w": ("w", identity)})
 NOTHING = LayerRule()
 
 # Module type -> rule. Looked up along the module's class hierarchy (snnjax's Conv2d is an nnx.Conv).
 RULES: dict[type, LayerRule] = {
-    nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM, ParametricLIFNode: PLIF,
-    IFNode: NOTHING, LIFNode: NOTHING, MaxPool2d: NOTHING, AvgPool2d: NOTHING, Flatten: NOTHING,
-    nnx.Dropout: NOTHING,
+    nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM, MaxPool2d: NOTHING, AvgPool2d: NOTHING,
+    Flatten: NOTHING, nnx.Dropout: NOTHING,
 }
 
 
 def rule_for(module: nnx.Module) -> LayerRule | None:
-    """The rule of ``module``'s type (or its nearest base class in ``RULES``); None for containers."""
+    """The rule of ``module``'s type (or its nearest base class in ``RULES``); None for containers. A neuron's
+    tensors are its learned parameters under their SpikingJelly names (PLIF's ``w``, KLIF's ``k``, ...)."""
+    if isinstance(module, BaseNode):
+        return LayerRule({name: (name, identity) for name in module.param_names()})
     for cls in type(module).__mro__:
         if cls in RULES:
             return RULES[cls]

@@ -56,7 +56,7 @@ KINDS: dict[str, Callable[[nnx.Module], LayerRule]] = {
     "flat_linear": lambda m: LayerRule({"weight": ("kernel", layers.flat_linear_weight(m.feature_shape)),
                                         "bias": ("bias", layers.identity)}),
     "bn": lambda m: layers.BATCHNORM,
-    "neuron": lambda m: layers.PLIF,
+    "neuron": lambda m: layers.NOTHING,  # every tensor is the neuron's attribute of that name (``locate``)
 }
 
 
@@ -78,9 +78,12 @@ def locate(table: Sequence[Rule], model: nnx.Module, key: str) -> tuple[Path, La
     prefix, _, tensor = key.rpartition(".")
     for rule in table:
         if m := re.fullmatch(rule.pattern, prefix):
+            path = tuple(rule.target.format(None, *m.groups(), **m.groupdict()).split("."))
             found = KINDS[rule.kind](model)
+            if rule.kind == "neuron":  # a learned parameter (PLIF's w, KLIF's k): the attribute of that name
+                found = LayerRule({tensor: (tensor, layers.identity)})
             if tensor in found.tensors or tensor in found.ignore:
-                return tuple(rule.target.format(None, *m.groups(), **m.groupdict()).split(".")), found
+                return path, found
             break
     return None
 

@@ -123,9 +123,13 @@ class BaseNode(nnx.Module):
         spike = self.neuronal_fire(h, params)
         return spike, self.neuronal_reset(h, spike, params)
 
+    def param_names(self) -> tuple[str, ...]:
+        """The names of the ``nnx.Param`` attributes (SpikingJelly's parameter names: PLIF's ``w``, KLIF's ``k``)."""
+        return tuple(sorted(name for name, var in vars(self).items() if isinstance(var, nnx.Param)))
+
     def params(self) -> dict[str, jax.Array]:
         """The learnable arrays: every ``nnx.Param`` attribute's value, by name."""
-        return {name: var[...] for name, var in sorted(vars(self).items()) if isinstance(var, nnx.Param)}
+        return {name: getattr(self, name)[...] for name in self.param_names()}
 
     # --- around the step ---------------------------------------------------------------------------------
 
