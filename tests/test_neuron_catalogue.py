@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from snnjax import Sequential, layers, neurons
+from snnjax.deploy import Streamer
 from snnjax.interop import check, spikingjelly
 from snnjax.models import SpikingMLP, neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
@@ -211,3 +212,16 @@ def test_step_neurons_split_over_time_equal_one_device(name, v_init, seq):
     np.testing.assert_array_equal(got[0][1], ref[0][1])
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-9, atol=1e-12)
+
+
+def test_streaming_carries_every_state_variable():
+    """``snnjax.deploy.Streamer`` over a CUBA-LIF layer (``v`` and ``c``), a half-threshold IF (fresh at
+    ``v_threshold / 2``) and a leaky-integrator readout equals the multi-step forward step by step."""
+    rngs = nnx.Rngs(1)
+    net = Sequential(layers.linear(5, 8, rngs=rngs), CUBALIFNode(step_mode="m"), layers.linear(8, 6, rngs=rngs),
+                     neurons.HalfThresholdIFNode(step_mode="m"), layers.linear(6, 3, rngs=rngs),
+                     NonSpikingLIFNode())
+    x = jnp.asarray(np.random.default_rng(6).uniform(0, 2, (6, 2, 5)))
+    stream = Streamer(net)
+    streamed = jnp.stack([stream(xt) for xt in x])
+    np.testing.assert_allclose(streamed, net(x), rtol=1e-12, atol=1e-12)

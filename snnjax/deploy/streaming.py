@@ -27,8 +27,9 @@ from snnjax.neurons.modules import observe
 
 
 def step(model: nnx.Module, x: jax.Array, states: Sequence[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-    """One time step ``x [N, ...]`` through ``model`` from ``states`` (one ``[N, ...]`` per neuron of
-    ``neurons(model)``, anything broadcastable to it): ``(output [N, ...], new states)``.
+    """One time step ``x [N, ...]`` through ``model`` from ``states`` (one ``[N, ...]`` per state variable of each
+    neuron of ``neurons(model)``, in that order: ``state_slots``; anything broadcastable to it): ``(output [N, ...],
+    new states)``.
 
     The model's neurons are in single-step mode during the call and restored afterwards.
 
@@ -36,23 +37,34 @@ def step(model: nnx.Module, x: jax.Array, states: Sequence[jax.Array]) -> tuple[
       UnsupportedModelError: a neuron not called exactly once (see the module docstring).
     """
     named = neurons(model)
-    if len(states) != len(named):
-        raise ValueError(f"states: {len(states)} arrays for the {len(named)} neurons of {type(model).__name__}")
-    saved = [(node.step_mode, node.v.get_value()) for _, node in named]
+    slots = state_slots(named)
+    if len(states) != len(slots):
+        raise ValueError(f"states: {len(states)} arrays for the {len(slots)} state variables of the {len(named)} "
+                         f"neurons of {type(model).__name__}")
+    modes = [node.step_mode for _, node in named]
+    saved = [getattr(node, name).get_value() for node, name in slots]
     called = []
     try:
-        for (_, node), v in zip(named, states, strict=True):
+        for _, node in named:
             node.step_mode = "s"
-            node.v.set_value(jnp.asarray(v)[None])
+        for (node, name), v in zip(slots, states, strict=True):
+            getattr(node, name).set_value(jnp.asarray(v)[None])
         with observe(lambda node, *_: called.append(node)):
             y = model(x[None])
-        new = [node.v.get_value()[0] for _, node in named]
+        new = [getattr(node, name).get_value()[0] for node, name in slots]
     finally:
-        for (_, node), (mode, v) in zip(named, saved, strict=True):
+        for (_, node), mode in zip(named, modes, strict=True):
             node.step_mode = mode
-            node.v.set_value(v)
+        for (node, name), v in zip(slots, saved, strict=True):
+            getattr(node, name).set_value(v)
     _check_called_once(model, named, called)
     return y[0], new
+
+
+def state_slots(named: list) -> list[tuple[nnx.Module, str]]:
+    """``(neuron, state variable name)`` for every state variable of the neurons ``named`` (``neurons(model)``):
+    ``v`` for most, more for neurons such as ``CUBALIFNode`` (``v``, ``c``)."""
+    return [(node, name) for _, node in named for name in node.initial_state()]
 
 
 def _check_called_once(model: nnx.Module, named: list, called: list) -> None:
@@ -65,7 +77,8 @@ def _check_called_once(model: nnx.Module, named: list, called: list) -> None:
 
 
 def initial_states(model: nnx.Module, frame: jax.ShapeDtypeStruct) -> list[jax.Array]:
-    """Fresh neuron states (``v_reset``, or 0 for a soft reset) for steps ``frame [N, ...]``.
+    """Fresh neuron states (each neuron's ``initial_state()``: ``v_reset``, or 0 for a soft reset, for most) for
+    steps ``frame [N, ...]``, one array per state variable (``state_slots``).
 
     Raises:
       UnsupportedModelError: ``model`` has no spiking neuron, its output has no time axis, or ``step`` refuses it.
@@ -86,7 +99,7 @@ def initial_states(model: nnx.Module, frame: jax.ShapeDtypeStruct) -> list[jax.A
     if out.shape[:1] != (t,):
         raise UnsupportedModelError(f"{type(model).__name__} maps [T={t}, ...] inputs to {out.shape}: its output "
                                     "has no time axis, so one step's output is not one step of it")
-    fresh = [0.0 if node.v_reset is None else node.v_reset for _, node in named]
+    fresh = [node.initial_state()[name] for node, name in state_slots(named)]
     shapes = jax.eval_shape(lambda s, x: step(nnx.merge(graphdef, s), x, fresh)[1], model_state, frame)
     return [jnp.full(s.shape, v, s.dtype) for s, v in zip(shapes, fresh, strict=True)]
 
