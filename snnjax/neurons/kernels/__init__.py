@@ -1,9 +1,11 @@
-"""The multi-step neuron op (IF / LIF / PLIF over ``[T, ...]``, forward and backward) and its implementations.
+"""The multi-step neuron op (any neuron over ``[T, ...]``, forward and backward) and its implementations.
 
 ``dispatch`` holds the table of implementations and ``auto``'s choice (``snnjax.neurons.multistep`` is its entry);
 beside it, one module or folder per implementation:
 
 - ``xla``: the pure-JAX reference, a ``lax.scan`` with a hand-written reverse recurrence (``custom_vjp``);
+- ``scan``: any neuron's single step (``base.StepNeuron``, or IF / LIF / PLIF's ``base.step``) under ``lax.scan``,
+  the backward from the step's VJP;
 - ``native``: fused kernels for the CPU in C++ through XLA FFI, compiled on first use;
 - ``pallas``: fused kernels for the GPU in Pallas (run on the CPU with ``interpret=True`` in tests);
 - ``sharded``: any kernel under a multi-device layout (each device its shard of neurons);
