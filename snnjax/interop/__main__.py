@@ -1,6 +1,6 @@
 """Command line of the interop package.
 
-    python -m snnjax.interop check FILE.npz [--impl {auto,xla,pallas,native}]
+    python -m snnjax.interop check FILE.npz [--impl {auto,xla,pallas,native,scan}]
 
 recomputes every case of a SpikingJelly reference file (``FILE.npz`` plus its sibling
 ``FILE.json``) in float64, prints one JSON line per case and ``{"cases": N, "failed": K}``,

@@ -1,6 +1,6 @@
 """Check snnjax against SpikingJelly reference files (format: tests/fixtures/spikingjelly/README.md).
 
-    python -m snnjax.interop check FILE.npz [--impl {auto,xla,pallas,native}]
+    python -m snnjax.interop check FILE.npz [--impl {auto,xla,pallas,native,scan}]
 
 ``FILE.npz`` holds the arrays, its sibling ``FILE.json`` the cases: a list of
 neuron cases, or a mapping of model-case name to model description. Everything
@@ -322,9 +322,9 @@ def iter_cases(cases, arrays, impl: str = "auto"):
 def check_file(path: str, impl: str = "auto") -> int:
     """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code.
 
-    ``impl`` (``auto``, ``xla``, ``pallas``, ``native``) is the neurons' multi-step
+    ``impl`` (``auto``, ``xla``, ``pallas``, ``native``, ``scan``) is the neurons' multi-step
     implementation (``snnjax.neurons.multistep``); ``pallas`` runs the kernels in interpret
-    mode on a CPU.
+    mode on a CPU. Neurons without kernels (catalogue cases) run ``scan`` whatever it names.
     """
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")

@@ -8,7 +8,7 @@ potential lives in a ``MembranePotential`` variable across calls until
 ``reset()`` (or ``reset_net(model)``). ``step(x, v)`` is the explicit-state
 single step. With ``store_v_seq=True`` the multi-step state sequence is sown as an
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
-``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``) picks the multi-step implementation
+``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``, ``"scan"``) picks the multi-step implementation
 (``snnjax.neurons.kernels.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
 Within ``observe(fn)`` every neuron call also hands ``(neuron, spikes, v)`` to ``fn`` (``v`` the state
 sequence in multi-step mode): ``snnjax.monitor`` reads firing rates and membrane potentials this way,
