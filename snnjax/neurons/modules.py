@@ -64,10 +64,10 @@ class BaseNode(nnx.Module):
     - optionally ``initial_state()`` (``{"v": v_reset or 0}`` by default: more names add state variables).
 
     ``params``: the module's ``nnx.Param`` arrays by attribute name (``self.k = nnx.Param(...)`` is
-    ``params["k"]``); read learnable values from it, not from ``self``. States are in ``state_dtype`` (at least
-    float32). The multi-step mode scans the single step (``impl="scan"``, the only one such a neuron runs;
-    ``auto`` picks it); the built-in IF / LIF / PLIF (``kind`` set) are written the same way and also run on
-    the fused kernels of ``snnjax.neurons.kernels``.
+    ``params["k"]``, and ``self.k[...]`` the same value). States are in ``state_dtype`` (at least float32). The
+    multi-step mode scans the single step (``impl="scan"``, the only one such a neuron runs; ``auto`` picks it);
+    the built-in IF / LIF / PLIF (``kind`` set) are written the same way and also run on the fused kernels of
+    ``snnjax.neurons.kernels``.
     """
 
     kind: B.Kind | None = None  # the built-in neurons with fused kernels: their NeuronConfig's kind
@@ -161,9 +161,19 @@ class BaseNode(nnx.Module):
     @property
     def neuron(self) -> B.NeuronConfig | B.StepNeuron:
         """What the multi-step op runs: a built-in neuron's ``NeuronConfig``, else its single step."""
-        if self.kind is not None:
-            return self.config
-        return B.StepNeuron(self.single_step, tuple(self.initial_state().items()), type(self).__name__)
+        return self.config if self.kind is not None else self._step_neuron()[0]
+
+    def _step_neuron(self) -> tuple[B.StepNeuron, nnx.State]:
+        """The single step as a pure function of ``(x, state, params)`` and the params it takes: the module's
+        ``nnx.Param`` state, merged back into a copy of the module inside the step, so that a hook reading
+        ``self.k`` sees the traced value too (and its gradient flows)."""
+        graphdef, params, rest = nnx.split(self, nnx.Param, ...)
+
+        def step(x, state, params):
+            node = nnx.merge(graphdef, params, rest)
+            return node.single_step(x, state, node.params())
+
+        return B.StepNeuron(step, tuple(self.initial_state().items()), type(self).__name__), params
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Outputs (spikes) for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
@@ -191,8 +201,8 @@ class BaseNode(nnx.Module):
         Returns ``(spikes [T, ...], v)``, ``v`` being the membrane potential ``[T, ...]`` if ``return_v_seq``,
         else the final state (``[...]``, or the dict of state variables).
         """
-        w = self.decay_param() if self.kind is not None else self.params()
-        return dispatch.multistep(self.neuron, x_seq, v_init, w, return_v_seq=return_v_seq, impl=self.impl)
+        neuron, w = (self.config, self.decay_param()) if self.kind is not None else self._step_neuron()
+        return dispatch.multistep(neuron, x_seq, v_init, w, return_v_seq=return_v_seq, impl=self.impl)
 
     def step(self, x: jax.Array, v) -> tuple[jax.Array, jax.Array]:
         """One explicit-state step: ``(spikes, new state)`` (``v`` the membrane potential, or the dict of state
