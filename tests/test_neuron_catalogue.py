@@ -109,7 +109,7 @@ def test_single_step_mode_streams_every_state_variable_and_reset_forgets_it():
 
 class AdaptiveLIF(BaseNode):
     """A user-written adaptive-threshold LIF: the threshold ``th`` jumps by ``beta`` on a spike and decays back
-    to ``v_threshold`` with ``tau_th``; ``tau`` is learned (``params["w"]``, ``1/tau = sigmoid(w)``)."""
+    to ``v_threshold`` with ``tau_th``; ``tau`` is learned (``1/tau = sigmoid(w)``, read as ``self.w``)."""
 
     def __init__(self, beta=0.3, tau_th=4.0, **kwargs):
         self.beta, self.tau_th = beta, tau_th
@@ -120,7 +120,7 @@ class AdaptiveLIF(BaseNode):
         return {"v": 0.0, "th": self.v_threshold}
 
     def neuronal_charge(self, x, v, params):
-        return {**v, "v": v["v"] + (x - v["v"]) * jax.nn.sigmoid(params["w"])}
+        return {**v, "v": v["v"] + (x - v["v"]) * jax.nn.sigmoid(self.w[...])}
 
     def neuronal_fire(self, h, params):
         return neurons.spike(h["v"] - h["th"], self.surrogate_function)
