@@ -38,19 +38,20 @@ def append_jsonl(path: str | None, record: dict) -> None:
 
 
 def default_sj_backends(platform: str) -> tuple[str, ...]:
-    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; ``cupy`` and ``torch`` on a GPU (the fastest
-    that runs is compared)."""
-    return ("cupy", "torch") if platform in ("gpu", "cuda", "rocm") else ("torch",)
+    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; its CUDA implementations ``triton`` and ``torch`` on a
+    GPU (the fastest that runs is compared; its native ``cuda`` one is built only from source)."""
+    return ("triton", "torch") if platform in ("gpu", "cuda", "rocm") else ("torch",)
 
 
 def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t: int, width_div: int = 1,
-                             image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu"):
+                             image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu",
+                             dtype: str = "float32"):
     """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts."""
     from snnjax.bench.peer import PeerError, start_script
 
     args = ["--model", model, "--T", str(t), "--batch-size", str(batch), "--width-div", str(width_div),
             "--device", "cuda" if platform in ("gpu", "cuda", "rocm") else "cpu", "--threads", str(threads),
-            "--warmup", str(warmup)]
+            "--warmup", str(warmup), "--dtype", dtype]
     if image_size is not None:
         args += ["--image-size", str(image_size)]
     peers, errors = {}, {}

@@ -140,7 +140,8 @@ def thread_info() -> dict:
 
 def keep_freed_memory() -> bool:
     """``snnjax.runtime.hostmem.keep_freed_memory()``, loaded by path (the package's ``__init__`` would import JAX)."""
-    spec = importlib.util.spec_from_file_location("_snnjax_hostmem", os.path.join(os.path.dirname(HERE), "hostmem.py"))
+    path = os.path.join(os.path.dirname(HERE), "runtime", "hostmem.py")
+    spec = importlib.util.spec_from_file_location("_snnjax_hostmem", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.keep_freed_memory()
