@@ -37,10 +37,13 @@ def append_jsonl(path: str | None, record: dict) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def default_sj_backends(platform: str) -> tuple[str, ...]:
-    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; its CUDA implementations ``triton`` and ``torch`` on a
-    GPU (the fastest that runs is compared; its native ``cuda`` one is built only from source)."""
-    return ("triton", "torch") if platform in ("gpu", "cuda", "rocm") else ("torch",)
+def default_sj_backends(platform: str, dtype: str = "float32") -> tuple[str, ...]:
+    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; on a GPU its CUDA implementations ``triton`` and
+    ``torch`` (the fastest that runs is compared; its native ``cuda`` one is built only from source) in float32, and
+    ``auto`` in a low precision: SpikingJelly 2.0.0 runs its torch reference there and refuses a named one."""
+    if platform not in ("gpu", "cuda", "rocm"):
+        return ("torch",)
+    return ("triton", "torch") if dtype == "float32" else ("auto",)
 
 
 def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t: int, width_div: int = 1,

@@ -9,7 +9,8 @@ Parts, in this order, each in this process:
    CPU) against the XLA path over every kind x reset x surrogate, float32 and bfloat16.
 2. ``neuron``: ``snnjax.bench.neuron`` for LIF and PLIF, float32 and float16, over ``[T, 64, 65536]``, T = 4, 8,
    16, 32, our ``xla`` and ``pallas`` paths against SpikingJelly's ``triton`` and ``torch`` CUDA implementations
-   on the same inputs, interleaved.
+   on the same inputs, interleaved (in float16 SpikingJelly 2.0.0 refuses both and runs its torch reference:
+   backend ``auto``).
 3. ``train``: ``snnjax.bench.train_step`` (forward, backward, Adam) in float32 and bfloat16 for
    CIFAR10DVSVGG (batch 32, T = 10, 48 x 48 frames), Spiking ResNet-18 (batch 100, T = 32, 32 x 32 images:
    the temporal-fusion paper's setting), SEW-ResNet-18 (batch 32, T = 4, 64 x 64 frames) and Spikformer-Ti
@@ -78,8 +79,8 @@ def neuron_argv(neuron: str, dtype: str, tiny: bool, sj_python: str, out: str) -
     if tiny:
         return argv + ["--ts", "2", "4", "--batch", "8", "--features", "256", "--reps", "2", "--warmup", "1",
                        "--inner", "1", "--copy-mib", "16", "--impls", "xla", "pallas", "--sj-backends", "cpu"]
-    return argv + ["--ts", "4", "8", "16", "32", "--features", "65536", "--reps", "10",
-                   "--sj-backends", "triton", "torch"]
+    backends = ["triton", "torch"] if dtype == "float32" else ["auto"]  # SpikingJelly's low precision: its reference
+    return argv + ["--ts", "4", "8", "16", "32", "--features", "65536", "--reps", "10", "--sj-backends", *backends]
 
 
 def train_argv(model: str, batch: int, t: int, image: int, dtype: str, tiny: bool, sj_python: str,
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     runs = []
     if "pallas" in args.parts:
         limit = ["--shape", "3", "2", "37", "--limit", "3"] if args.tiny else []
-        runs.append(("pallas", "pallas_check", lambda: pallas_check.main(["--out", path["pallas_check"], *limit])))
+        runs.append(("pallas", "pallas", lambda: pallas_check.main(["--out", path["pallas_check"], *limit])))
     if "neuron" in args.parts:
         runs += [(f"neuron {n} {d}", "neuron", lambda n=n, d=d: neuron.main(
             neuron_argv(n, d, args.tiny, args.sj_python, path["neuron"])))

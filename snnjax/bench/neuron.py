@@ -271,7 +271,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--compare-spikingjelly", action="store_true",
                    help="also time SpikingJelly's LIFNode on the same shapes (needs torch + spikingjelly)")
     p.add_argument("--sj-backends", nargs="+",
-                   help="SpikingJelly backends (default: cpu on a CPU; triton cuda torch on a GPU)")
+                   help="SpikingJelly backends (default: cpu on a CPU; on a GPU triton cuda torch in float32, auto "
+                        "in a low precision, where SpikingJelly runs its torch reference and refuses a named one)")
     p.add_argument("--sj-python", default=sys.executable,
                    help="Python interpreter that has torch and spikingjelly (default: this one)")
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
@@ -296,7 +297,8 @@ def main(argv=None) -> list[dict]:
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     features = args.features or DEFAULT_FEATURES.get(platform, 16384)
     impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
-    sj_backends = args.sj_backends or (["triton", "cuda", "torch"] if platform == "gpu" else ["cpu"])
+    sj_backends = args.sj_backends or (["cpu"] if platform != "gpu" else ["triton", "cuda", "torch"]
+                                       if args.dtype == "float32" else ["auto"])
     dtype = jnp.dtype(args.dtype)
     cfg = neurons.NeuronConfig(kind=args.neuron, tau=2.0)
     steps = {spec: make_step(spec, cfg) for spec in impls}

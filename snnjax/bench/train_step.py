@@ -217,7 +217,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
                    help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
     p.add_argument("--sj-backends", nargs="+", choices=["torch", "triton", "cuda", "auto"],
-                   help="SpikingJelly neuron backends (default: torch on a CPU, triton and torch on a GPU)")
+                   help="SpikingJelly neuron backends (default: torch on a CPU; on a GPU triton and torch in float32, "
+                        "auto in bfloat16, where SpikingJelly runs its torch reference)")
     p.add_argument("--out", help="append one JSON line to this file")
     args = p.parse_args(argv)
     if (args.model is None) == (args.config is None):
@@ -242,7 +243,7 @@ def main(argv=None) -> dict:
     timers, peers, errors = {"ours": lambda: timed_ms(one_step)}, {}, {}
     if args.compare_spikingjelly:
         peers, errors = start_spikingjelly_steps(
-            args.sj_python, args.sj_backends or default_sj_backends(device.platform), model=args.model,
+            args.sj_python, args.sj_backends or default_sj_backends(device.platform, args.dtype), model=args.model,
             batch=args.batch_size, t=args.T, width_div=args.width_div, image_size=args.image_size,
             threads=args.sj_threads, warmup=args.warmup, platform=device.platform, dtype=args.dtype)
         timers.update({f"sj:{b}": peer.time_once for b, peer in peers.items()})
@@ -252,6 +253,7 @@ def main(argv=None) -> dict:
         for peer in peers.values():
             peer.close()
     ours = {"median_ms": statistics.median(times["ours"]), "min_ms": min(times["ours"]), **info}
+    ours["samples_per_s"] = round(args.batch_size * 1000 / ours["median_ms"], 2)
     rec = {"bench": "train_step", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device_kind": device.device_kind,
            "platform": device.platform, "model": args.model,
            "input_shape": [args.T, args.batch_size, *input_shape(args.model, args.image_size)],
@@ -260,7 +262,6 @@ def main(argv=None) -> dict:
            "step": "train_step", "conv": args.conv, "optimizer": "adam", **ours, "steps": args.steps,
            "warmup": args.warmup, "threads": thread_info(), "load_avg": load, "jax_version": jax.__version__,
            "git_commit": git_commit()}
-    ours["samples_per_s"] = round(args.batch_size * 1000 / ours["median_ms"], 2)
     line = (f"{args.model} N={args.batch_size} T={args.T} {args.dtype} accum={args.grad_accum} conv={args.conv}: "
             f"ours {ours['median_ms']:.1f} ms (min {ours['min_ms']:.1f}, compile {ours['compile_s']:.1f} s, "
             f"peak {ours['peak_bytes'] / 2**30:.2f} GiB)")
