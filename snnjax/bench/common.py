@@ -48,9 +48,12 @@ def default_sj_backends(platform: str, dtype: str = "float32") -> tuple[str, ...
 
 def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t: int, width_div: int = 1,
                              image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu",
-                             dtype: str = "float32"):
-    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts."""
-    from snnjax.bench.peer import PeerError, start_script
+                             dtype: str = "float32", wait: bool = True):
+    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts.
+
+    ``wait=False`` returns the started processes at once, still warming up: pass the pair to ``ready_peers``
+    after our own compile (the two overlap)."""
+    from snnjax.bench.peer import start_script
 
     args = ["--model", model, "--T", str(t), "--batch-size", str(batch), "--width-div", str(width_div),
             "--device", "cuda" if platform in ("gpu", "cuda", "rocm") else "cpu", "--threads", str(threads),
@@ -60,10 +63,25 @@ def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t
     peers, errors = {}, {}
     for backend in backends:
         try:
-            peers[backend] = start_script(python, "spikingjelly_train_step.py", [*args, "--backend", backend])
-        except (PeerError, OSError) as e:
+            peers[backend] = start_script(python, "spikingjelly_train_step.py", [*args, "--backend", backend],
+                                          wait=False)
+        except OSError as e:
             errors[backend] = str(e)
-    return peers, errors
+    return ready_peers(peers, errors) if wait else (peers, errors)
+
+
+def ready_peers(peers: dict, errors: dict) -> tuple[dict, dict]:
+    """``peers`` whose start-up object arrived; each one that failed to start moves to ``errors`` (its message)."""
+    from snnjax.bench.peer import PeerError
+
+    live = {}
+    for backend, peer in peers.items():
+        try:
+            peer.wait_ready()
+            live[backend] = peer
+        except PeerError as e:
+            errors[backend] = str(e)
+    return live, errors
 
 
 def spikingjelly_fields(peers: dict, times: dict[str, list[float]], ours_ms: float, batch: int,

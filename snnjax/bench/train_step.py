@@ -56,6 +56,7 @@ from snnjax.bench.common import (
     append_jsonl,
     default_sj_backends,
     git_commit,
+    ready_peers,
     spikingjelly_fields,
     start_spikingjelly_steps,
 )
@@ -238,15 +239,21 @@ def main(argv=None) -> dict:
 
     device = jax.devices()[0]
     load = os.getloadavg()[0]
-    one_step, info = prepare_ours(args.model, args.batch_size, args.T, args.grad_accum, args.warmup, args.conv,
-                                  args.dtype, args.image_size, width_div=args.width_div)
-    timers, peers, errors = {"ours": lambda: timed_ms(one_step)}, {}, {}
-    if args.compare_spikingjelly:
+    peers, errors = {}, {}
+    if args.compare_spikingjelly:  # started first: SpikingJelly warms up while ours compiles
         peers, errors = start_spikingjelly_steps(
             args.sj_python, args.sj_backends or default_sj_backends(device.platform, args.dtype), model=args.model,
             batch=args.batch_size, t=args.T, width_div=args.width_div, image_size=args.image_size,
-            threads=args.sj_threads, warmup=args.warmup, platform=device.platform, dtype=args.dtype)
-        timers.update({f"sj:{b}": peer.time_once for b, peer in peers.items()})
+            threads=args.sj_threads, warmup=args.warmup, platform=device.platform, dtype=args.dtype, wait=False)
+    try:
+        one_step, info = prepare_ours(args.model, args.batch_size, args.T, args.grad_accum, args.warmup, args.conv,
+                                      args.dtype, args.image_size, width_div=args.width_div)
+        peers, errors = ready_peers(peers, errors)
+    except BaseException:
+        for peer in peers.values():
+            peer.close()
+        raise
+    timers = {"ours": lambda: timed_ms(one_step), **{f"sj:{b}": peer.time_once for b, peer in peers.items()}}
     try:
         times = interleave(timers, args.steps)
     finally:
