@@ -182,6 +182,7 @@ def compile_and_warm(step, state, data, warmup: int) -> tuple:
         holder["state"], metrics = jax.block_until_ready(compiled(holder["state"], data))
         return metrics
 
+    one_step.compiled = compiled  # for a profile's time split (``--profile``)
     info["loss"] = float(one_step()["loss"])
     for _ in range(max(warmup - 1, 0)):
         one_step()
@@ -220,6 +221,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sj-backends", nargs="+", choices=["torch", "triton", "cuda", "auto"],
                    help="SpikingJelly neuron backends (default: torch on a CPU; on a GPU triton and torch in float32, "
                         "auto in bfloat16, where SpikingJelly runs its torch reference)")
+    p.add_argument("--profile", metavar="DIR", help="after timing, trace one more step of ours with jax.profiler "
+                   "into DIR; the record gets the trace's path and its time split by op kind")
     p.add_argument("--out", help="append one JSON line to this file")
     args = p.parse_args(argv)
     if (args.model is None) == (args.config is None):
@@ -260,6 +263,8 @@ def main(argv=None) -> dict:
         for peer in peers.values():
             peer.close()
     ours = {"median_ms": statistics.median(times["ours"]), "min_ms": min(times["ours"]), **info}
+    if args.profile:
+        ours.update(profile_step(one_step, args.profile))
     ours["samples_per_s"] = round(args.batch_size * 1000 / ours["median_ms"], 2)
     rec = {"bench": "train_step", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device_kind": device.device_kind,
            "platform": device.platform, "model": args.model,
@@ -279,6 +284,18 @@ def main(argv=None) -> dict:
     print(line + f"; load {rec['load_avg']:.1f}-{rec['load_avg_end']:.1f}", flush=True)
     append_jsonl(args.out, rec)
     return rec
+
+
+def profile_step(one_step, directory: str) -> dict:
+    """Trace one more step into ``directory``: ``{"profile_trace": path, "time_split_ms": {kind: ms}}``."""
+    from snnjax.train import profiling
+
+    profiler = profiling.StepProfiler((1, 1), directory)
+    profiler.before(1)
+    profiler.after(1, one_step())
+    split = profiling.time_split(profiler.trace, one_step.compiled.as_text())
+    print(f"profile: {profiler.trace} ({profiling.format_split(split)})", flush=True)
+    return {"profile_trace": str(profiler.trace), "time_split_ms": split}
 
 
 def main_config(args) -> dict:

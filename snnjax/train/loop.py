@@ -32,6 +32,7 @@ Faults a long run meets:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -58,7 +59,7 @@ from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.runtime import distributed
 from snnjax.train import config as config_lib
-from snnjax.train import faults, memory_search, pipeline_memory
+from snnjax.train import faults, memory_search, pipeline_memory, profiling
 from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
@@ -191,6 +192,7 @@ class Trainer:
         self.keep_checkpoints, self.resume = c.keep_checkpoints, c.resume
         self.skip_nonfinite, self.log_firing_rates = c.nonfinite == "skip", c.monitor.firing_rates
         self.print_summary, self.config_json = p.print_summary, c.to_json_best_effort(indent=2)
+        self.profile_steps = profiling.parse_steps(c.profile_steps, name="config.profile_steps")
 
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
         if mesh is not None:
@@ -206,6 +208,9 @@ class Trainer:
                                   prefetch=c.data.prefetch, batch_sharding=rows)
         spe = self.train_loader.steps_per_epoch
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
+        if self.profile_steps and self.profile_steps[1] > self.total_steps:
+            raise ValueError(f"config.profile_steps={tuple(c.profile_steps)} reaches past the run's last step "
+                             f"{self.total_steps}: trace steps 1..{self.total_steps}")
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
 
         self.model_name = c.model.name if model is None else type(model).__name__
@@ -413,15 +418,24 @@ class Trainer:
 
         progress = tqdm(total=self.total_steps, initial=start, disable=not self.is_main, unit="step",
                         dynamic_ncols=True)
+        folder = self.workdir / "profile"
+        profiler = profiling.StepProfiler(
+            self.profile_steps, folder if jax.process_count() == 1 else folder / f"process_{jax.process_index()}")
         window, window_t, window_steps = [], time.perf_counter(), 0
         train_time, trained, last = 0.0, 0, {}
         eval_metrics: dict[str, float] = {}
         unchecked: list[tuple[int, dict[str, jax.Array]]] = []  # (step, metrics) whose finite flag is unread
         batch, stop = first, None
-        with progress:
+        with progress, contextlib.closing(profiler) as profiler:
             for step in range(start, self.total_steps):
                 t = time.perf_counter()
+                profiler.before(step + 1)
                 metrics = self.trainer.advance(batch)
+                if profiler.after(step + 1, metrics):
+                    profile = self.trainer.record_profile(profiler.trace, print_with=progress.write)
+                    if profile is not None:
+                        writer.write(step + 1, {f"profile/{k.replace(' ', '_')}_ms": v
+                                                for k, v in profile["split"].items()})
                 window.append(metrics)
                 window_steps += 1
                 done = step + 1

@@ -141,11 +141,12 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     (a scalar; None for IF / LIF). ``impl``: see the module docstring.
     """
     B.check_decay_param(cfg, w)
-    if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
-        per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
-        kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
-        return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
-    chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
-    if chosen.kernel is not None and partitioner_splits():
-        return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
-    return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+    with jax.named_scope(f"neuron_{cfg.kind}"):  # profiles and HLO name the neuron's ops (snnjax.train.profiling)
+        if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
+            per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
+            kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
+            return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
+        chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
+        if chosen.kernel is not None and partitioner_splits():
+            return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+        return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
