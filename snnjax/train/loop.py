@@ -63,7 +63,7 @@ from snnjax.train import faults, memory_search, pipeline_memory, profiling
 from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
-from snnjax.train.metrics import MetricWriter
+from snnjax.train.metrics import MetricWriter, parse_log_to
 from snnjax.train.model_trainer import ModelTrainer
 from snnjax.train.optim import make_optimizer, make_schedule
 from snnjax.train.step import StepConfig, model_inputs
@@ -193,6 +193,7 @@ class Trainer:
         self.skip_nonfinite, self.log_firing_rates = c.nonfinite == "skip", c.monitor.firing_rates
         self.print_summary, self.config_json = p.print_summary, c.to_json_best_effort(indent=2)
         self.profile_steps = profiling.parse_steps(c.profile_steps, name="config.profile_steps")
+        self.log_to = parse_log_to(c.log_to)
 
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
         if mesh is not None:
@@ -375,7 +376,8 @@ class Trainer:
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._open_checkpoints()
-        writer = MetricWriter(self.workdir, enabled=self.is_main)
+        writer = MetricWriter(self.workdir, enabled=self.is_main, log_to=self.log_to,
+                              config=json.loads(self.config_json))
         try:
             with self._signals:
                 summary = self._train(writer)
