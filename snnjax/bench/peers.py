@@ -187,7 +187,7 @@ def run_size(workload: str, size, args, peers: dict, unavailable: dict, impls, d
         try:
             peers[name].request("setup", **request, neuron=PEERS[name][2], dump=dumps[name])
             live[name] = peers[name]
-        except PeerError as e:
+        except (PeerError, OSError) as e:  # OSError: the peer's process has gone
             unavailable[name] = f"{workload} {b}/{t}/{n}: {e}"
             print(f"  {name}: unavailable at this size ({e})", flush=True)
     checks = {}
