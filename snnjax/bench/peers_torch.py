@@ -18,6 +18,7 @@ Run as a script, never with JAX: it imports its siblings ``peer`` and ``workload
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 
 import numpy as np
@@ -121,6 +122,7 @@ def main(argv=None) -> None:
 
     import torch
 
+    importlib.import_module(args.library)  # a missing library fails the start, with its ImportError as the reason
     if args.threads:
         torch.set_num_threads(args.threads)
     held = {}
