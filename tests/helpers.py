@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import pathlib
 import re
@@ -338,6 +339,13 @@ def native_kernel():
     if not impl.available():
         pytest.skip("the native CPU kernels cannot be built here")
     return impl.kernel
+
+
+def sj_python() -> str | None:
+    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them, else None."""
+    if os.environ.get("SNNJAX_SJ_PYTHON"):
+        return os.environ["SNNJAX_SJ_PYTHON"]
+    return sys.executable if all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly")) else None
 
 
 # ----------------------------------------------------------------------------- trackers
