@@ -9,10 +9,34 @@ from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step
 from snnjax.neurons.kernels.dispatch import IMPLS, multistep, resolve_impl
 from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
-from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
+from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
+from snnjax.neurons.surrogate import (
+    S2NN,
+    ATan,
+    DeterministicPass,
+    Erf,
+    FakeNumericalGradient,
+    LeakyKReLU,
+    LogTailedReLU,
+    MultiLevelSpikeCount,
+    NonzeroSignLogAbs,
+    PiecewiseExp,
+    PiecewiseLeakyReLU,
+    PiecewiseQuadratic,
+    PoissonPass,
+    QPseudoSpike,
+    Rect,
+    Sigmoid,
+    SoftSign,
+    SquarewaveFourierSeries,
+    SuperSpike,
+    spike,
+)
 
 __all__ = [
-    "ATan", "IFNode", "IMPLS", "LIFNode", "MembranePotential", "NeuronConfig", "ParametricLIFNode",
-    "PiecewiseQuadratic", "Rect", "Sigmoid", "SoftSign", "multistep", "multistep_reference", "reset_net",
-    "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "S2NN", "ATan", "DeterministicPass", "Erf", "FakeNumericalGradient", "IFNode", "IMPLS", "LIFNode", "LeakyKReLU",
+    "LogTailedReLU", "MaskedPSN", "PSN", "SlidingPSN", "MembranePotential", "MultiLevelSpikeCount", "NeuronConfig",
+    "NonzeroSignLogAbs", "ParametricLIFNode", "PiecewiseExp", "PiecewiseLeakyReLU", "PiecewiseQuadratic",
+    "PoissonPass", "QPseudoSpike", "Rect", "Sigmoid", "SoftSign", "SquarewaveFourierSeries", "SuperSpike",
+    "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

@@ -1,0 +1,159 @@
+"""Every SpikingJelly 2.0.0 surrogate and the parallel spiking neurons, against SpikingJelly's float64 golden data.
+
+- ``surrogates.*``: each surrogate alone on a grid holding its breakpoints (forward exactly for spikes, the
+  gradient, the primitive, SpikingJelly's default keywords) and a LIF with it (``impl="auto"``: the native
+  kernels for the five they compute, otherwise the ``xla`` path with a warning that says why); the two
+  ``spiking=False`` LIF cases also through the plain-autodiff reference; Pallas (interpreted) on three
+  surrogates that only it and ``xla`` run.
+- ``psn.*``: ``PSN``, ``MaskedPSN``, ``SlidingPSN`` outputs and gradients of input, weight and bias.
+- Names, keywords and the errors of bad ones; the kernels' refusals; PoissonPass's key; a PSN in ``Sequential``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import quick_compiles
+from flax import nnx
+from neuron_checks import assert_matches_reference
+
+import snnjax
+from snnjax import layers
+from snnjax import neurons as F
+from snnjax.interop import check
+from snnjax.neurons import surrogate as sg
+from snnjax.neurons.compare import rel_error
+from snnjax.neurons.kernels import dispatch
+
+pytestmark = pytest.mark.usefixtures("x64_module")
+
+
+@pytest.fixture(scope="module")
+def surrogate_reference(reference_dir):
+    cases, arrays = check.load(reference_dir / "surrogates.npz")
+    with arrays:
+        return cases, dict(arrays)
+
+
+def test_every_spikingjelly_surrogate_is_covered(surrogate_reference):
+    cases, _ = surrogate_reference
+    named = {c["surrogate"]["name"] for c in cases}
+    assert named == set(sg.SURROGATES) and len(sg.SURROGATES) == 19
+    lif = {c["surrogate"]["name"] for c in cases if c["kind"] == "LIF"}
+    assert lif == set(sg.SURROGATES) - {"poisson_pass"}  # random spikes: the neurons refuse it
+
+
+def test_surrogates_alone_match_spikingjelly(surrogate_reference):
+    cases, arrays = surrogate_reference
+    with quick_compiles():
+        for i, case in enumerate(cases):
+            if case["kind"] == "surrogate":
+                result = check.check_surrogate_case(case, check.case_arrays(arrays, f"case{i:03d}/"))
+                assert result["ok"], (case["surrogate"], result)
+
+
+def test_lif_with_each_surrogate_matches_spikingjelly(surrogate_reference):
+    """impl='auto' on the CPU: native where it can, else xla with a warning naming the native kernels' reason."""
+    cases, arrays = surrogate_reference
+    with quick_compiles():
+        for i, case in enumerate(cases):
+            if case["kind"] != "LIF":
+                continue
+            a = check.case_arrays(arrays, f"case{i:03d}/")
+            cfg = check.neuron_config(case)
+            native = dispatch.IMPLEMENTATIONS["native"].unsupported_reason(cfg, a["x"].shape, a["x"].dtype, "cpu")
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                result = check.check_neuron_case(case, a, impl="auto")
+            assert result["ok"], (case["surrogate"], result)
+            said = [str(w.message) for w in seen if "impl='auto' runs this LIF" in str(w.message)]
+            assert (said != []) == (native is not None), (case["surrogate"], said)
+            if not cfg.surrogate.spiking:  # real-valued "spikes": the generalised backward against plain autodiff
+                ref = jax.jit(lambda x, cfg=cfg: F.multistep_reference(cfg, x, return_v_seq=True))(a["x"])
+                assert rel_error(ref[0], a["spikes"]) < 1e-12 and rel_error(ref[1], a["v_seq"]) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["erf", "q_pseudo_spike", "squarewave_fourier_series"])
+def test_pallas_runs_surrogates_the_native_kernels_do_not(name, surrogate_reference):
+    cases, arrays = surrogate_reference
+    i = next(i for i, c in enumerate(cases) if c["kind"] == "LIF" and c["surrogate"]["name"] == name)
+    a = check.case_arrays(arrays, f"case{i:03d}/")
+    cfg = check.neuron_config(cases[i])
+    s, v_seq, gx, _ = check.neuron_outputs(cfg, jnp.asarray(a["x"]), jnp.asarray(a["grad_spikes"]), None,
+                                           impl="pallas")
+    assert_matches_reference(a, s, v_seq=v_seq, grad_x=gx)
+
+
+def test_psn_family_matches_spikingjelly(reference_dir):
+    cases, arrays = check.load(reference_dir / "psn.npz")
+    assert {c["kind"] for c in cases} == {"PSN", "MaskedPSN", "SlidingPSN"}
+    for i, case in enumerate(cases):
+        result = check.check_psn_case(case, check.case_arrays(arrays, f"case{i:03d}/"))
+        assert result["ok"], (case, result)
+
+
+def test_kernels_refuse_what_they_cannot_run_and_auto_says_why():
+    x = jnp.ones((4, 3))
+    erf = F.NeuronConfig(surrogate=sg.Erf())
+    choice = dispatch.choose_impl("auto", erf, x)
+    assert choice.impl == "xla" and choice.refused and "native kernels cannot run it" in choice.why
+    assert dispatch.choose_impl("auto", F.NeuronConfig(), x).impl == "native"
+    assert dispatch.choose_impl("pallas", erf, x).impl == "pallas"  # any surrogate whose forward is the step
+    for surrogate in (sg.Sigmoid(spiking=False), sg.MultiLevelSpikeCount(2)):
+        with pytest.raises(ValueError, match=r"impl='pallas' cannot run.*does not fire the 0/1 step"):
+            dispatch.choose_impl("pallas", F.NeuronConfig(surrogate=surrogate), x)
+    with pytest.raises(ValueError, match=r"impl='native' cannot run.*Sigmoid\(alpha=4.0, spiking=False\).*C\+\+"):
+        dispatch.choose_impl("native", F.NeuronConfig(surrogate=sg.Sigmoid(spiking=False)), x)
+
+
+def test_names_keywords_and_their_errors():
+    for name, cls in sg.SURROGATES.items():
+        built = sg.get(name, max_spike_count=2) if name == "multi_level_spike_count" else sg.get(name)
+        assert type(built) is cls and sg.name_of(built) == name
+        assert sg.get(name, **sg.params_of(built)) == built
+        hash(built)  # a jit-static argument
+    assert sg.get("atan", 3.0) == sg.ATan(alpha=3.0) and sg.get("s2nn", 3.0, beta=0.5) == sg.S2NN(3.0, 0.5)
+    assert check.parse_surrogate("s2nn") == sg.S2NN() and check.parse_surrogate("rect2") == sg.Rect(alpha=2.0)
+    with pytest.raises(ValueError, match=r"'piecewise_leaky_relu'.*takes no \['alpha'\].*'c', 'spiking', 'w'"):
+        sg.get("piecewise_leaky_relu", 2.0)
+    with pytest.raises(ValueError, match="SuperSpike has no primitive function"):
+        sg.SuperSpike(spiking=False)
+    with pytest.raises(ValueError, match="alpha > 1"):
+        sg.QPseudoSpike(alpha=1.0)
+    with pytest.raises(ValueError, match="integer max_spike_count"):
+        sg.MultiLevelSpikeCount(1.5)
+    with pytest.raises(ValueError, match="draws random spikes"):
+        F.NeuronConfig(surrogate=sg.PoissonPass())
+    with pytest.raises(ValueError, match="draws random spikes"):
+        F.SlidingPSN(2, surrogate_function=sg.PoissonPass())
+
+
+def test_poisson_pass_takes_a_key():
+    p = jnp.asarray([0.0, 0.25, 0.5, 1.0])
+    with pytest.raises(ValueError, match=r"pass a JAX key"):
+        sg.PoissonPass()(p)
+    spikes = sg.PoissonPass()(p, jax.random.key(1))
+    assert set(np.unique(spikes)) <= {0.0, 1.0} and spikes[0] == 0 and spikes[-1] == 1
+    grad = jax.grad(lambda p: jnp.sum(sg.PoissonPass()(p, jax.random.key(1)) * jnp.arange(4.0)))(p)
+    np.testing.assert_array_equal(grad, np.arange(4.0))  # straight through
+    assert sg.PoissonPass(spiking=False)(p) is p
+
+
+def test_psn_in_sequential_and_its_errors():
+    rngs = nnx.Rngs(0)
+    net = snnjax.Sequential(layers.linear(3, 4, rngs=rngs), F.PSN(T=5, rngs=rngs),
+                            layers.linear(4, 2, rngs=rngs), F.SlidingPSN(k=2))
+    out = net(jnp.ones((5, 2, 3)))
+    assert out.shape == (5, 2, 2) and set(np.unique(out)) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match=r"PSN\(T=5\) takes inputs of exactly 5 steps, got T=3"):
+        net(jnp.ones((3, 2, 3)))
+    with pytest.raises(ValueError, match=r"MaskedPSN draws its initial weights: pass rngs"):
+        F.MaskedPSN(k=2, T=4)
+    with pytest.raises(ValueError, match=r"step_mode='s'.*multi-step"):
+        F.SlidingPSN(k=2, step_mode="s")
+    masked = F.MaskedPSN(k=2, T=3, lambda_init=0.5, rngs=rngs)
+    masked.lambda_.set_value(jnp.asarray(1.0))  # the user's schedule raises it: W M_k from then on
+    np.testing.assert_array_equal(masked.gemm_weight(3), masked.weight[...] * np.tril(np.triu(np.ones((3, 3)), -1)))
