@@ -90,9 +90,8 @@ def test_pallas_runs_surrogates_the_native_kernels_do_not(name, surrogate_refere
 def test_psn_family_matches_spikingjelly(reference_dir):
     cases, arrays = check.load(reference_dir / "psn.npz")
     assert {c["kind"] for c in cases} == {"PSN", "MaskedPSN", "SlidingPSN"}
-    for i, case in enumerate(cases):
-        result = check.check_psn_case(case, check.case_arrays(arrays, f"case{i:03d}/"))
-        assert result["ok"], (case, result)
+    results = dict(check.iter_cases(cases, arrays))  # python -m snnjax.interop check's cases
+    assert len(results) == 6 and all(r["ok"] for r in results.values()), results
 
 
 def test_kernels_refuse_what_they_cannot_run_and_auto_says_why():
@@ -157,3 +156,17 @@ def test_psn_in_sequential_and_its_errors():
     masked = F.MaskedPSN(k=2, T=3, lambda_init=0.5, rngs=rngs)
     masked.lambda_.set_value(jnp.asarray(1.0))  # the user's schedule raises it: W M_k from then on
     np.testing.assert_array_equal(masked.gemm_weight(3), masked.weight[...] * np.tril(np.triu(np.ones((3, 3)), -1)))
+
+
+def test_psn_weights_import_from_a_spikingjelly_state_dict(reference_dir):
+    """SpikingJelly's ``nn.Sequential(PSN, MaskedPSN, SlidingPSN)`` keys, shapes as SpikingJelly's (masks ignored)."""
+    rngs = nnx.Rngs(0)
+    net = snnjax.Sequential(F.PSN(T=4, rngs=rngs), F.MaskedPSN(k=2, T=4, rngs=rngs), F.SlidingPSN(k=3))
+    rng = np.random.default_rng(0)
+    sd = {"0.weight": rng.normal(size=(4, 4)), "0.bias": rng.normal(size=(4, 1)), "1.weight": rng.normal(size=(4, 4)),
+          "1.bias": rng.normal(size=(4, 1)), "1._lambda_": np.asarray(0.7), "1.mask0": np.tril(np.ones((4, 4))),
+          "1.mask1": np.ones((4, 4)), "2.weight": rng.normal(size=3), "2.bias": np.asarray(-0.5)}
+    report = snnjax.interop.import_state_dict(net, sd, dtype=jnp.float64)
+    assert not report.leftover and sorted(report.ignored) == ["1.mask0", "1.mask1"]
+    np.testing.assert_array_equal(net.layers[1].lambda_[...], 0.7)
+    np.testing.assert_array_equal(net.layers[2].weight[...], sd["2.weight"])
