@@ -118,6 +118,8 @@ def test_names_keywords_and_their_errors():
     assert check.parse_surrogate("s2nn") == sg.S2NN() and check.parse_surrogate("rect2") == sg.Rect(alpha=2.0)
     with pytest.raises(ValueError, match=r"'piecewise_leaky_relu'.*takes no \['alpha'\].*'c', 'spiking', 'w'"):
         sg.get("piecewise_leaky_relu", 2.0)
+    with pytest.raises(ValueError, match=r"'multi_level_spike_count'.*needs \['max_spike_count'\]"):
+        sg.get("multi_level_spike_count")
     with pytest.raises(ValueError, match="SuperSpike has no primitive function"):
         sg.SuperSpike(spiking=False)
     with pytest.raises(ValueError, match="alpha > 1"):

@@ -2,8 +2,9 @@
 
 Modules (dependencies point down): ``surrogate`` -> ``base`` (config and equations) -> ``kernels`` (the
 multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels, ``sharded`` and ``temporal``
-layouts, and ``dispatch``, the table of implementations) -> ``modules`` (NNX); ``compare`` (relative errors and
-VJPs of any implementation) serves the kernel checks and tests.
+layouts, and ``dispatch``, the table of implementations) -> ``modules`` (NNX); ``psn`` (the parallel spiking
+neurons: a matmul over time, no recurrence) takes only ``surrogate``; ``compare`` (relative errors and VJPs of any
+implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step

@@ -518,4 +518,8 @@ def get(name: str, alpha: float | None = None, **params) -> Surrogate:
     unknown = sorted(set(params) - keywords)
     if unknown:
         raise ValueError(f"surrogate {name!r} ({cls.__name__}) takes no {unknown}; its keywords are {sorted(keywords)}")
+    required = sorted(f.name for f in dataclasses.fields(cls)
+                      if f.default is dataclasses.MISSING and f.name not in params)
+    if required:
+        raise ValueError(f"surrogate {name!r} ({cls.__name__}) needs {required}: get({name!r}, {required[0]}=...)")
     return cls(**params)
