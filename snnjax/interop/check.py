@@ -188,7 +188,8 @@ def check_psn_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[
         y = node(x)
         return jnp.sum(y * jnp.asarray(arrays["grad_out"])), y
 
-    (_, y), (g_node, g_x) = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(node, jnp.asarray(arrays["x"]))
+    step = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (_, y), (g_node, g_x) = step(node, jnp.asarray(arrays["x"]))
     spiking = node.surrogate_function.spiking
     out.update({"spike_mismatches": int(np.sum(np.asarray(y) != arrays["out"]))} if spiking
                else {"out": rel_error(y, arrays["out"])})
