@@ -132,7 +132,7 @@ def test_names_keywords_and_their_errors():
     with pytest.raises(ValueError, match="draws random spikes"):
         F.NeuronConfig(surrogate=sg.PoissonPass())
     with pytest.raises(ValueError, match="draws random spikes"):
-        F.SlidingPSN(2, surrogate_function=sg.PoissonPass())
+        F.SlidingPSN(2, surrogate_function=sg.PoissonPass(), step_mode="m")
 
 
 def test_poisson_pass_takes_a_key():
@@ -149,17 +149,17 @@ def test_poisson_pass_takes_a_key():
 def test_psn_in_sequential_and_its_errors():
     rngs = nnx.Rngs(0)
     net = snnjax.Sequential(layers.linear(3, 4, rngs=rngs), F.PSN(T=5, rngs=rngs),
-                            layers.linear(4, 2, rngs=rngs), F.SlidingPSN(k=2))
+                            layers.linear(4, 2, rngs=rngs), F.SlidingPSN(k=2, step_mode="m"))
     run = nnx.jit(lambda net, x: net(x))
     out = run(net, jnp.ones((5, 2, 3)))
     assert out.shape == (5, 2, 2) and set(np.unique(out)) <= {0.0, 1.0}
     with pytest.raises(ValueError, match=r"PSN\(T=5\) takes inputs of exactly 5 steps, got T=3"):
         run(net, jnp.ones((3, 2, 3)))
     with pytest.raises(ValueError, match=r"MaskedPSN draws its initial weights: pass rngs"):
-        F.MaskedPSN(k=2, T=4)
-    with pytest.raises(ValueError, match=r"step_mode='s'.*multi-step"):
-        F.SlidingPSN(k=2, step_mode="s")
-    masked = F.MaskedPSN(k=2, T=3, lambda_init=0.5, rngs=rngs)
+        F.MaskedPSN(k=2, T=4, step_mode="m")
+    with pytest.raises(ValueError, match=r"step_mode='s' \(SpikingJelly's default.*not built.*pass step_mode='m'"):
+        F.SlidingPSN(k=2)
+    masked = F.MaskedPSN(k=2, T=3, lambda_init=0.5, step_mode="m", rngs=rngs)
     masked.lambda_.set_value(jnp.asarray(1.0))  # the user's schedule raises it: W M_k from then on
     np.testing.assert_array_equal(masked.gemm_weight(3), masked.weight[...] * np.tril(np.triu(np.ones((3, 3)), -1)))
 
@@ -167,7 +167,8 @@ def test_psn_in_sequential_and_its_errors():
 def test_psn_weights_import_from_a_spikingjelly_state_dict(reference_dir):
     """SpikingJelly's ``nn.Sequential(PSN, MaskedPSN, SlidingPSN)`` keys, shapes as SpikingJelly's (masks ignored)."""
     rngs = nnx.Rngs(0)
-    net = snnjax.Sequential(F.PSN(T=4, rngs=rngs), F.MaskedPSN(k=2, T=4, rngs=rngs), F.SlidingPSN(k=3))
+    net = snnjax.Sequential(F.PSN(T=4, rngs=rngs), F.MaskedPSN(k=2, T=4, step_mode="m", rngs=rngs),
+                            F.SlidingPSN(k=3, step_mode="m"))
     rng = np.random.default_rng(0)
     sd = {"0.weight": rng.normal(size=(4, 4)), "0.bias": rng.normal(size=(4, 1)), "1.weight": rng.normal(size=(4, 4)),
           "1.bias": rng.normal(size=(4, 1)), "1._lambda_": np.asarray(0.7), "1.mask0": np.tril(np.ones((4, 4))),

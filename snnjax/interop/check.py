@@ -177,7 +177,9 @@ def check_psn_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[
     kwargs = dict(case["kwargs"])
     if "surrogate_function" in kwargs:
         kwargs["surrogate_function"] = parse_surrogate(kwargs["surrogate_function"])
-    node = PSN_CLASSES[case["kind"]](**kwargs, step_mode="m", rngs=nnx.Rngs(0))
+    if case["kind"] != "PSN":  # PSN takes no step_mode
+        kwargs["step_mode"] = case.get("step_mode", "m")
+    node = PSN_CLASSES[case["kind"]](**kwargs, rngs=nnx.Rngs(0))
     out: dict[str, Any] = {"init_bias": rel_error(node.bias[...], arrays["init_bias"])}
     if case["kind"] == "SlidingPSN" and kwargs.get("exp_init", True):
         out["init_weight"] = rel_error(node.weight[...], arrays["init_weight"])

@@ -12,9 +12,10 @@ flattened to ``[T, M]`` and ``W [T, T]`` a learned mixing of the time steps:
   scalar ``b``, any T; ``w = (2^-(k-1), ..., 1/2, 1)`` with ``exp_init``, else uniform in ``+-1/sqrt(k)``.
 
 SpikingJelly's keywords and defaults (``surrogate_function=ATan()``); parameters in SpikingJelly's shapes
-(``weight``, ``bias``). Multi-step only: ``step_mode`` must be ``'m'`` (SpikingJelly's single-step
-``MaskedPSN`` / ``SlidingPSN`` keep a queue of past inputs, not built here), and ``PSN`` / ``MaskedPSN`` take
-exactly ``T`` steps. The matmul runs at the highest precision (float32 inputs are not rounded to bfloat16 on
+(``weight``, ``bias``). Multi-step only: ``MaskedPSN`` and ``SlidingPSN`` take SpikingJelly's ``step_mode``
+keyword with its default ``'s'``, but their single-step mode (a queue of past inputs) is not built here, so
+they need ``step_mode='m'`` (an error says so rather than reading ``[N, ...]`` as time); ``PSN`` / ``MaskedPSN``
+take exactly ``T`` steps. The matmul runs at the highest precision (float32 inputs are not rounded to bfloat16 on
 accelerators). They have no membrane potential: ``snnjax.monitor`` and streaming inference, which read and
 carry one per neuron, see only the recurrent neurons (``modules.BaseNode``); a model whose output at step t
 depends on later steps (``PSN``, ``MaskedPSN`` with ``lambda_ < 1``) cannot stream.
@@ -36,8 +37,8 @@ class PSNLambda(nnx.Variable):
 
 def _check(surrogate_function: sg.Surrogate, step_mode: str, name: str) -> None:
     if step_mode != "m":
-        raise ValueError(f"{name}: step_mode={step_mode!r}; snnjax's parallel spiking neurons are multi-step "
-                         "(step_mode='m', input [T, ...])")
+        raise ValueError(f"{name}: step_mode={step_mode!r} (SpikingJelly's default, a single-step mode that keeps a "
+                         "queue of past inputs) is not built in snnjax; pass step_mode='m' (input [T, ...])")
     if getattr(surrogate_function, "needs_key", False):
         raise ValueError(f"{name}: surrogate_function={surrogate_function!r} draws random spikes and the neuron has no "
                          "key to give it; choose a deterministic surrogate")
@@ -70,12 +71,12 @@ class _ParallelNode(nnx.Module):
 class PSN(_ParallelNode):
     """SpikingJelly's ``PSN(T, surrogate_function=ATan())``: ``S = sg(W X + b)``, ``W [T, T]``, ``b [T, 1]``."""
 
-    def __init__(self, T: int, surrogate_function: sg.Surrogate = sg.ATan(), step_mode: str = "m", *,
-                 rngs: nnx.Rngs | None = None):
-        _check(surrogate_function, step_mode, "PSN")
+    step_mode = "m"  # SpikingJelly's PSN is multi-step only and takes no step_mode
+
+    def __init__(self, T: int, surrogate_function: sg.Surrogate = sg.ATan(), *, rngs: nnx.Rngs | None = None):
+        _check(surrogate_function, "m", "PSN")
         self.T = int(T)
         self.surrogate_function = surrogate_function
-        self.step_mode = step_mode
         self.weight = nnx.Param(_uniform(rngs, (self.T, self.T), self.T, "PSN"))
         self.bias = nnx.Param(jnp.full((self.T, 1), -1.0, dtype=float))
 
@@ -89,7 +90,7 @@ class MaskedPSN(_ParallelNode):
     """SpikingJelly's ``MaskedPSN(k, T, lambda_init=0.0, surrogate_function=ATan(), step_mode)``."""
 
     def __init__(self, k: int, T: int, lambda_init: float = 0.0, surrogate_function: sg.Surrogate = sg.ATan(),
-                 step_mode: str = "m", *, rngs: nnx.Rngs | None = None):
+                 step_mode: str = "s", *, rngs: nnx.Rngs | None = None):
         _check(surrogate_function, step_mode, "MaskedPSN")
         self.k, self.T = int(k), int(T)
         self.surrogate_function = surrogate_function
@@ -115,7 +116,7 @@ class SlidingPSN(_ParallelNode):
     scalar."""
 
     def __init__(self, k: int, exp_init: bool = True, surrogate_function: sg.Surrogate = sg.ATan(),
-                 step_mode: str = "m", *, rngs: nnx.Rngs | None = None):
+                 step_mode: str = "s", *, rngs: nnx.Rngs | None = None):
         _check(surrogate_function, step_mode, "SlidingPSN")
         self.k = int(k)
         self.exp_init = exp_init
