@@ -94,7 +94,7 @@ def test_psn_family_matches_spikingjelly(reference_dir):
     cases, arrays = check.load(reference_dir / "psn.npz")
     assert {c["kind"] for c in cases} == {"PSN", "MaskedPSN", "SlidingPSN"}
     results = dict(check.iter_cases(cases, arrays))  # python -m snnjax.interop check's cases
-    assert len(results) == 6 and all(r["ok"] for r in results.values()), results
+    assert len(results) == 7 and all(r["ok"] for r in results.values()), results
 
 
 def test_kernels_refuse_what_they_cannot_run_and_auto_says_why():
@@ -158,7 +158,14 @@ def test_psn_in_sequential_and_its_errors():
     with pytest.raises(ValueError, match=r"MaskedPSN draws its initial weights: pass rngs"):
         F.MaskedPSN(k=2, T=4, step_mode="m")
     with pytest.raises(ValueError, match=r"step_mode='s' \(SpikingJelly's default.*not built.*pass step_mode='m'"):
-        F.SlidingPSN(k=2)
+        F.MaskedPSN(k=2, T=4, rngs=rngs)
+    sliding = F.SlidingPSN(k=2)  # single-step by default, as SpikingJelly's
+    x = jnp.asarray(np.random.default_rng(1).normal(1.0, 1.0, (4, 3)))
+    steps = jnp.stack([sliding(x_t) for x_t in x])
+    np.testing.assert_array_equal(steps, F.SlidingPSN(k=2, step_mode="m")(x))
+    assert sliding.queue.get_value().shape == (2, 3)
+    F.reset_net(snnjax.Sequential(sliding))
+    assert sliding.queue.get_value().shape == ()
     masked = F.MaskedPSN(k=2, T=3, lambda_init=0.5, step_mode="m", rngs=rngs)
     masked.lambda_.set_value(jnp.asarray(1.0))  # the user's schedule raises it: W M_k from then on
     np.testing.assert_array_equal(masked.gemm_weight(3), masked.weight[...] * np.tril(np.triu(np.ones((3, 3)), -1)))

@@ -170,10 +170,10 @@ PSN_CLASSES = {"PSN": PSN, "MaskedPSN": MaskedPSN, "SlidingPSN": SlidingPSN}
 
 
 def check_psn_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One parallel spiking neuron (``case["kind"]`` with SpikingJelly's ``kwargs``) with the file's ``weight`` and
-    ``bias``: its output (spikes exactly) and the gradients of ``sum(out * grad_out)`` with respect to the input,
-    the weight and the bias; and the initial values SpikingJelly draws without randomness (``init_*``: the bias,
-    SlidingPSN's ``exp_init`` weight)."""
+    """One parallel spiking neuron (``case["kind"]`` with SpikingJelly's ``kwargs`` and ``step_mode``; ``s``: one call
+    per step) with the file's ``weight`` and ``bias``: its output (spikes exactly) and the gradients of
+    ``sum(out * grad_out)`` with respect to the input, the weight and the bias; and the initial values SpikingJelly
+    draws without randomness (``init_*``: the bias, SlidingPSN's ``exp_init`` weight)."""
     kwargs = dict(case["kwargs"])
     if "surrogate_function" in kwargs:
         kwargs["surrogate_function"] = parse_surrogate(kwargs["surrogate_function"])
@@ -186,8 +186,8 @@ def check_psn_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[
     node.weight.set_value(jnp.asarray(arrays["weight"]))
     node.bias.set_value(jnp.asarray(arrays["bias"]))
 
-    def loss(node, x):
-        y = node(x)
+    def loss(node, x):  # single-step mode: one call per step, from an empty queue
+        y = jnp.stack([node(x_t) for x_t in x]) if node.step_mode == "s" else node(x)
         return jnp.sum(y * jnp.asarray(arrays["grad_out"])), y
 
     step = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))

@@ -12,13 +12,13 @@ flattened to ``[T, M]`` and ``W [T, T]`` a learned mixing of the time steps:
   scalar ``b``, any T; ``w = (2^-(k-1), ..., 1/2, 1)`` with ``exp_init``, else uniform in ``+-1/sqrt(k)``.
 
 SpikingJelly's keywords and defaults (``surrogate_function=ATan()``); parameters in SpikingJelly's shapes
-(``weight``, ``bias``). Multi-step only: ``MaskedPSN`` and ``SlidingPSN`` take SpikingJelly's ``step_mode``
-keyword with its default ``'s'``, but their single-step mode (a queue of past inputs) is not built here, so
-they need ``step_mode='m'`` (an error says so rather than reading ``[N, ...]`` as time); ``PSN`` / ``MaskedPSN``
-take exactly ``T`` steps. The matmul runs at the highest precision (float32 inputs are not rounded to bfloat16 on
-accelerators). They have no membrane potential: ``snnjax.monitor`` and streaming inference, which read and
-carry one per neuron, see only the recurrent neurons (``modules.BaseNode``); a model whose output at step t
-depends on later steps (``PSN``, ``MaskedPSN`` with ``lambda_ < 1``) cannot stream.
+(``weight``, ``bias``). ``SlidingPSN`` runs both step modes (its default ``'s'`` keeps the last ``k`` inputs);
+``PSN`` is multi-step only (as SpikingJelly's) and ``MaskedPSN`` too here: SpikingJelly's single-step mode of it
+(only for ``lambda_ >= 1``) is not built, so it needs ``step_mode='m'`` (an error says so rather than reading
+``[N, ...]`` as time); both take exactly ``T`` steps. The matmul runs at the highest precision (float32 inputs
+are not rounded to bfloat16 on accelerators). They have no membrane potential: ``snnjax.monitor`` and streaming
+inference, which read and carry one per neuron, see only the recurrent neurons (``modules.BaseNode``); a model
+whose output at step t depends on later steps (``PSN``, ``MaskedPSN`` with ``lambda_ < 1``) cannot stream.
 """
 from __future__ import annotations
 
@@ -28,17 +28,26 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from snnjax.neurons import modules
 from snnjax.neurons import surrogate as sg
+
+
+class PSNQueue(modules.MembranePotential):
+    """``SlidingPSN``'s single-step state: its last ``k`` inputs ``[k, ...]`` (zeros before the first ones), a
+    ``MembranePotential`` so that the streaming-state filters and ``reset_net`` find it."""
 
 
 class PSNLambda(nnx.Variable):
     """``MaskedPSN``'s mask mixing ``lambda_``: state the user schedules, not a learned parameter."""
 
 
-def _check(surrogate_function: sg.Surrogate, step_mode: str, name: str) -> None:
-    if step_mode != "m":
-        raise ValueError(f"{name}: step_mode={step_mode!r} (SpikingJelly's default, a single-step mode that keeps a "
-                         "queue of past inputs) is not built in snnjax; pass step_mode='m' (input [T, ...])")
+def _check(surrogate_function: sg.Surrogate, step_mode: str, name: str, modes: tuple[str, ...] = ("m",)) -> None:
+    if step_mode not in modes:
+        if step_mode == "s":
+            raise ValueError(f"{name}: step_mode='s' (SpikingJelly's default; its single-step mode needs lambda_ >= 1 "
+                             "and keeps a queue of past inputs) is not built in snnjax; pass step_mode='m' (input "
+                             "[T, ...])")
+        raise ValueError(f"{name}: step_mode must be one of {modes}, got {step_mode!r}")
     if getattr(surrogate_function, "needs_key", False):
         raise ValueError(f"{name}: surrogate_function={surrogate_function!r} draws random spikes and the neuron has no "
                          "key to give it; choose a deterministic surrogate")
@@ -111,13 +120,15 @@ class MaskedPSN(_ParallelNode):
         return jnp.where(lam >= 1.0, w * m, (lam * m + (1.0 - lam)) * w)
 
 
-class SlidingPSN(_ParallelNode):
-    """SpikingJelly's ``SlidingPSN(k, exp_init=True, surrogate_function=ATan(), step_mode)``: ``w [k]``, ``b`` a
-    scalar."""
+class SlidingPSN(_ParallelNode, modules.Stateful):
+    """SpikingJelly's ``SlidingPSN(k, exp_init=True, surrogate_function=ATan(), step_mode='s')``: ``w [k]``, ``b`` a
+    scalar. Single-step mode (``'s'``) keeps the last ``k`` inputs (``queue``) across calls until ``reset()``
+    (or ``reset_net``): step ``t``'s spikes are ``sg(sum_i w[i] X_{t - k + 1 + i} + b)``, as the multi-step
+    mode's row ``t``."""
 
     def __init__(self, k: int, exp_init: bool = True, surrogate_function: sg.Surrogate = sg.ATan(),
                  step_mode: str = "s", *, rngs: nnx.Rngs | None = None):
-        _check(surrogate_function, step_mode, "SlidingPSN")
+        _check(surrogate_function, step_mode, "SlidingPSN", ("s", "m"))
         self.k = int(k)
         self.exp_init = exp_init
         self.surrogate_function = surrogate_function
@@ -128,6 +139,23 @@ class SlidingPSN(_ParallelNode):
             weight = _uniform(rngs, (self.k,), self.k, "SlidingPSN(exp_init=False)")
         self.weight = nnx.Param(weight)
         self.bias = nnx.Param(jnp.asarray(-1.0, dtype=float))
+        self.queue = PSNQueue(jnp.zeros((), dtype=float))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Spikes for ``x`` (``[T, ...]`` in multi-step mode, one step ``[...]`` in single-step mode)."""
+        return super().__call__(x) if self.step_mode == "m" else self.single_step(x)
+
+    def single_step(self, x: jax.Array) -> jax.Array:
+        """One step ``x [...]``: pushes it onto the queue (dropping the oldest) and returns its spikes ``[...]``."""
+        queue = jnp.broadcast_to(self.queue.get_value(), (self.k, *x.shape)).astype(x.dtype)
+        queue = jnp.concatenate([queue[1:], x[None]])
+        w = self.weight[...].astype(x.dtype).reshape((self.k,) + (1,) * x.ndim)
+        self.queue.set_value(queue)
+        return self.surrogate_function(jnp.sum(w * queue, axis=0) + self.bias[...].astype(x.dtype))
+
+    def reset(self) -> None:
+        """Forget the queue (SpikingJelly's ``reset()``)."""
+        self.queue.set_value(jnp.zeros((), dtype=float))
 
     def gemm_weight(self, T: int) -> jax.Array:
         """``W[i, j] = w[k - 1 - (i - j)]`` for ``0 <= i - j < k``, else 0."""
