@@ -8,7 +8,7 @@ implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, multistep_reference, step
-from snnjax.neurons.kernels.dispatch import IMPLS, multistep, resolve_impl
+from snnjax.neurons.kernels.dispatch import IMPLS, choose_impl, multistep, resolve_impl
 from snnjax.neurons.modules import IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
 from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
 from snnjax.neurons.surrogate import (
@@ -39,5 +39,6 @@ __all__ = [
     "LogTailedReLU", "MaskedPSN", "PSN", "SlidingPSN", "MembranePotential", "MultiLevelSpikeCount", "NeuronConfig",
     "NonzeroSignLogAbs", "ParametricLIFNode", "PiecewiseExp", "PiecewiseLeakyReLU", "PiecewiseQuadratic",
     "PoissonPass", "QPseudoSpike", "Rect", "Sigmoid", "SoftSign", "SquarewaveFourierSeries", "SuperSpike",
-    "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "choose_impl", "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl", "spike", "step",
+    "surrogate",
 ]
