@@ -4,9 +4,10 @@
 
 The CPU tests run the kernels in interpret mode; this runs them compiled on the default
 backend (a GPU; on a CPU it falls back to interpret mode), over a covering set of variants: every (kind, reset mode,
-surrogate) triple, with detach_reset, decay_input, ``return_v_seq``, custom thresholds /
-reset potentials, random ``v_init`` rotating through them, in float32 and (every other
-case) bfloat16, on a shape whose M is not a multiple of any block (partial last block).
+surrogate) triple of five surrogates, one case for each other surrogate whose forward is the step, with
+detach_reset, decay_input, ``return_v_seq``, custom thresholds / reset potentials, random ``v_init`` rotating
+through them, in float32 and (every other case) bfloat16, on a shape whose M is not a multiple of any block
+(partial last block).
 Per case it compares spikes (exactly equal fraction), V, and the VJP w.r.t. ``x``,
 ``v_init`` and PLIF's ``w`` (normwise relative error, ``snnjax.neurons.compare``) with the XLA path
 run on the same device, prints one line (and one JSON record with ``--out``), and exits 1
@@ -33,15 +34,21 @@ from snnjax.neurons.compare import differences, run_vjp
 from snnjax.neurons.kernels import pallas as P
 
 SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0), sg.Rect(alpha=2.0)]
+# The other surrogates whose forward is the step (the kernels trace their ``grad``): one case each.
+MORE_SURROGATES = [sg.PiecewiseExp(), sg.SuperSpike(), sg.NonzeroSignLogAbs(), sg.Erf(), sg.PiecewiseLeakyReLU(),
+                   sg.SquarewaveFourierSeries(n=4), sg.S2NN(), sg.QPseudoSpike(alpha=2.5), sg.LeakyKReLU(leak=0.1),
+                   sg.FakeNumericalGradient(), sg.LogTailedReLU(alpha=0.05), sg.DeterministicPass()]
 SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size
 MAX_SPIKE_MISMATCH = 1e-4
 GRAD_TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def cases():
-    """``(cfg, dtype, return_v_seq, random_v_init)`` covering every kind x reset x surrogate."""
-    for i, (kind, reset, surrogate) in enumerate(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"],
-                                                                   SURROGATES)):
+    """``(cfg, dtype, return_v_seq, random_v_init)`` covering every kind x reset x surrogate of ``SURROGATES``, then
+    one case for each of ``MORE_SURROGATES`` (kinds and resets rotating)."""
+    grid = list(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"], SURROGATES))
+    more = [(["IF", "LIF", "PLIF"][j % 3], ["hard", "soft"][j % 2], s) for j, s in enumerate(MORE_SURROGATES)]
+    for i, (kind, reset, surrogate) in enumerate(grid + more):
         v_reset = None if reset == "soft" else (0.0 if i % 3 else -0.2)
         cfg = B.NeuronConfig(kind=kind, tau=1.5 + 0.5 * (i % 3), decay_input=i % 2 == 0,
                              v_threshold=1.0 if i % 4 else 0.7, v_reset=v_reset, detach_reset=(i // 2) % 2 == 1,

@@ -49,7 +49,12 @@ class MembranePotential(nnx.Variable):
     """Streaming neuron state (single-step mode); filter with ``nnx.state(model, MembranePotential)``."""
 
 
-class BaseNode(nnx.Module):
+class Stateful:
+    """A module with single-step state (SpikingJelly's ``MemoryModule``): its ``reset()`` forgets it, and
+    ``reset_net`` calls that on every such module."""
+
+
+class BaseNode(nnx.Module, Stateful):
     """Shared machinery of IF / LIF / PLIF; subclasses set ``kind`` and the decay."""
 
     kind: B.Kind = "IF"
@@ -189,7 +194,8 @@ def set_impl(model: nnx.Module, impl: str) -> int:
 
 
 def reset_net(model: nnx.Module) -> None:
-    """Reset the streaming state of every neuron in ``model`` (SpikingJelly's ``functional.reset_net``)."""
+    """Reset the streaming state of every neuron in ``model`` (SpikingJelly's ``functional.reset_net``): every
+    ``Stateful`` module's ``reset()``."""
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode):
+        if isinstance(module, Stateful):
             module.reset()

@@ -26,8 +26,10 @@ they are, on the local block.
 ``auto`` keeps ``xla``:
 - for a single step (T = 1): there is no time loop to fuse, and XLA fuses the one
   elementwise update into the neighbouring ops, which an opaque kernel call would prevent;
-- where the kernels cannot run the call (``unsupported_reason``), or the native kernels
-  cannot be compiled on this machine.
+- where the kernels cannot run the call (``unsupported_reason``: the native kernels compute the
+  Sigmoid, ATan, PiecewiseQuadratic, SoftSign and Rect surrogates, the Pallas kernels any surrogate
+  whose forward is the step ``1[x >= 0]``), or the native kernels cannot be compiled on this machine.
+  Then ``multistep`` warns, naming the kernel's reason; ``choose_impl`` returns the choice and why.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
 ``snnjax.neurons.kernels.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
@@ -46,7 +48,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -108,8 +112,17 @@ def partitioner_splits() -> bool:
     return not mesh.empty and math.prod(mesh.shape[a] for a in mesh.axis_names if a not in mesh.manual_axes) > 1
 
 
-def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
-    """The implementation (``"xla"``, ``"pallas"`` or ``"native"``) that runs ``impl`` for this call.
+class Choice(NamedTuple):
+    """The implementation that runs a call, and why: for ``auto``, which kernel the backend prefers and, where
+    that kernel cannot run the call (``refused``), the reason it gives."""
+
+    impl: str
+    why: str
+    refused: bool = False
+
+
+def choose_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> Choice:
+    """The implementation (``"xla"``, ``"pallas"`` or ``"native"``) that runs ``impl`` for this call, and why.
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
@@ -122,14 +135,35 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
         reason = IMPLEMENTATIONS[impl].unsupported_reason(cfg, shape, dtype, backend)
         if reason is not None:
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl='xla' (or 'auto')")
-        return impl
+        return Choice(impl, f"impl={impl!r} was asked for")
     if shape[:1] in ((), (1,)):
-        return "xla"
-    for candidate in IMPLEMENTATIONS.values():
-        if (candidate.auto_backend == backend and candidate.unsupported_reason(cfg, shape, dtype, backend) is None
-                and candidate.available()):
-            return candidate.name
-    return "xla"
+        return Choice("xla", "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring ops")
+    preferred = [c for c in IMPLEMENTATIONS.values() if c.auto_backend == backend]
+    if not preferred:
+        return Choice("xla", f"no fused kernel is preferred on the {backend!r} backend")
+    refusals = []
+    for candidate in preferred:
+        reason = candidate.unsupported_reason(cfg, shape, dtype, backend)
+        if reason is None and not candidate.available():
+            reason = "they cannot be built on this machine (impl='native' raises the compiler's message)"
+        if reason is None:
+            return Choice(candidate.name, f"the {candidate.name} kernels are the {backend!r} backend's fused path")
+        refusals.append(f"the {candidate.name} kernels cannot run it: {reason}")
+    return Choice("xla", "; ".join(refusals), refused=True)
+
+
+def resolve_impl(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
+    """The implementation (``"xla"``, ``"pallas"`` or ``"native"``) that runs ``impl`` for this call
+    (``choose_impl`` without its reason)."""
+    return choose_impl(impl, cfg, x_seq).impl
+
+
+def _chosen(impl: str, cfg: B.NeuronConfig, x_seq) -> str:
+    """``resolve_impl``, warning where ``auto`` runs ``xla`` because the backend's kernel refused the call."""
+    choice = choose_impl(impl, cfg, x_seq)
+    if choice.refused:
+        warnings.warn(f"impl='auto' runs this {cfg.kind} neuron with the xla path: {choice.why}", stacklevel=3)
+    return choice.impl
 
 
 def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
@@ -144,9 +178,9 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     with jax.named_scope(f"neuron_{cfg.kind}"):  # profiles and HLO name the neuron's ops (snnjax.train.profiling)
         if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
             per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
-            kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
+            kernel = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)].kernel if per_block else None
             return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
-        chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
+        chosen = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)]
         if chosen.kernel is not None and partitioner_splits():
             return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
         return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
