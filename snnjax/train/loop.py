@@ -64,7 +64,7 @@ from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter, parse_log_to
-from snnjax.train.model_trainer import ModelTrainer
+from snnjax.train.model_trainer import ModelTrainer, training_plan
 from snnjax.train.optim import make_optimizer, make_schedule
 from snnjax.train.step import StepConfig, model_inputs
 
@@ -226,22 +226,22 @@ class Trainer:
         step_cfg = step_config(c, time_major)
         data = DataShape.of(train_src, c.data.time_steps)
         shaped = {"input_shape": (data.time_steps, batch, *data.frame_shape), "compute_dtype": step_cfg.compute_dtype}
-        pipeline = {}  # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split
-        if p.mode == "pp" or (p.mode == "auto" and accum == 1):
-            pipeline = {"pipeline": PipelineOptions(**p.pp), **shaped}
-        elif p.time_blocks:  # checks the block count against each layer
-            pipeline = shaped
+        # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split on the batch's
+        # shape; time_blocks checks the block count against each layer on it
+        pipeline = PipelineOptions(**p.pp) if p.mode == "pp" or (p.mode == "auto" and accum == 1) else None
         plan_options = dict(objective=p.objective, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel,
                             global_batch_size=batch // accum, opt_slots=1 if c.optimizer == "sgd" else 2,
                             min_shard_size=p.min_shard_size,
                             memory_budget_bytes=int(p.memory_budget_mb * 2**20) or None,
-                            time_steps=c.data.time_steps, time_blocks=p.time_blocks, **pipeline)
-        plan = parallel.plan(model, mesh if mesh is not None else jax.device_count(), mode=p.mode, **plan_options)
+                            time_steps=c.data.time_steps, time_blocks=p.time_blocks,
+                            **(shaped if pipeline is not None or p.time_blocks else {}))
+        plan = training_plan(model, mesh if mesh is not None else jax.device_count(), p.mode, pipeline=pipeline,
+                             **plan_options)
 
         @functools.cache
         def plan_for(microbatches: int) -> parallel.Plan:  # the pipeline on the first plan's mesh, M microbatches
-            pp = dataclasses.replace(plan_options["pipeline"], microbatches=microbatches)
-            return parallel.plan(model, plan.mesh, mode="pp", **{**plan_options, "pipeline": pp})
+            pp = dataclasses.replace(pipeline, microbatches=microbatches)
+            return training_plan(model, plan.mesh, "pp", pipeline=pp, **plan_options)
 
         self.offload = p.offload if p.offload != "auto" else "none"
         self.memory_search = None

@@ -346,14 +346,31 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
         if pipeline is None and example is None:
             raise ValueError("trainer(...) with stage > 1 pipelines the model: pass example=batch (one batch, to "
                              "choose the microbatches) or pipeline=snnjax.parallel.PipelineOptions(microbatches=M)")
-        kwargs["pipeline"] = pipeline or PipelineOptions()
-        mode = "pp"
     elif pipeline is not None:
         raise ValueError(f"trainer(..., pipeline=...) needs a mesh with stage > 1; {layout!r} has none")
-    plan = parallel.plan(model, mesh, mode=mode, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
+    plan = training_plan(model, mesh, mode, pipeline=pipeline, zero_stage=zero_stage,
+                         sequence_parallel=sequence_parallel,
                          time_steps=None if encoder is not None else _time_steps(example), **kwargs)
     cfg = StepConfig(seed=seed, time_steps=time_steps or 0, encoder=encoder, loss=loss, compute_dtype=dtype)
     return ModelTrainer(model, plan, optimizer, cfg, donate=donate, verbose=verbose)
+
+
+def training_plan(model: nnx.Module, mesh: Mesh | int, mode: str | None = None, *,
+                  pipeline: PipelineOptions | None = None, **options: Any) -> parallel.Plan:
+    """The parallel plan a trainer runs under (``trainer`` and the config's ``Trainer`` both plan here):
+    ``snnjax.parallel.plan(model, mesh, mode=mode, pipeline=..., **options)``.
+
+    ``mesh``: a ``Mesh``, or a device count (mode ``"auto"`` plans its own mesh). ``mode`` None on a mesh with
+    stage > 1 is the pipeline, ``"pp"``, which runs with ``pipeline`` or the default ``PipelineOptions()``;
+    ``pipeline`` also lets ``"auto"`` consider a pipeline, and no other mode takes one.
+    """
+    if mode is None and isinstance(mesh, Mesh) and mesh.shape.get("stage", 1) > 1:
+        mode = "pp"
+    if mode == "pp":
+        pipeline = pipeline or PipelineOptions()
+    elif pipeline is not None and mode != "auto":
+        raise ValueError(f"a pipeline's options need mode 'pp' (a mesh with stage > 1), not mode {mode!r}")
+    return parallel.plan(model, mesh, mode=mode, pipeline=pipeline, **options)
 
 
 def _time_steps(example: Batch | None) -> int | None:
