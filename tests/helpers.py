@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import pathlib
 import re
@@ -338,3 +339,40 @@ def native_kernel():
     if not impl.available():
         pytest.skip("the native CPU kernels cannot be built here")
     return impl.kernel
+
+
+def sj_python() -> str | None:
+    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them, else None."""
+    if os.environ.get("SNNJAX_SJ_PYTHON"):
+        return os.environ["SNNJAX_SJ_PYTHON"]
+    return sys.executable if all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly")) else None
+
+
+# ----------------------------------------------------------------------------- trackers
+
+
+def wandb_history(run_file) -> list[dict[str, float]]:
+    """The logged rows of an offline wandb run file (``wandb/offline-run-*/run-*.wandb``), ``_``-keys dropped.
+
+    The file is wandb's record log: a 7-byte header, then 32 KiB blocks of chunks (crc32c, length, kind: 1 full,
+    2 first, 3 middle, 4 last) holding ``wandb_internal_pb2.Record`` messages."""
+    from wandb.proto import wandb_internal_pb2  # noqa: PLC0415 (only the tracker tests import wandb)
+
+    data, pos, block, rows, pending = pathlib.Path(run_file).read_bytes(), 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:  # block padding
+            pos += left
+            continue
+        pending = (b"" if kind in (1, 2) else pending) + data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record.FromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                rows.append({k: float(v) for k, v in items.items() if not k.startswith("_") or k == "_step"})
+    return rows

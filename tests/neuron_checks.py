@@ -17,6 +17,37 @@ SURROGATES = st.one_of(
     st.builds(sg.Rect, alpha=st.floats(0.25, 4.0)),
 )
 
+# Every other surrogate, and non-spiking ones (real-valued "spikes"), for the xla path (and its heaviside ones for
+# Pallas): ``surrogates_for(impl)`` draws what an implementation runs.
+_STEP_SURROGATES = st.one_of(
+    SURROGATES,
+    st.builds(sg.PiecewiseExp, alpha=st.floats(0.5, 4.0)),
+    st.builds(sg.SuperSpike, alpha=st.floats(0.5, 4.0)),
+    st.builds(sg.NonzeroSignLogAbs, alpha=st.floats(0.5, 4.0)),
+    st.builds(sg.Erf, alpha=st.floats(0.5, 4.0)),
+    st.builds(sg.PiecewiseLeakyReLU, w=st.floats(0.2, 2.0), c=st.floats(0.0, 0.1)),
+    st.builds(sg.SquarewaveFourierSeries, n=st.integers(1, 4), T_period=st.floats(2.0, 10.0)),
+    st.builds(sg.S2NN, alpha=st.floats(0.5, 8.0), beta=st.floats(0.2, 2.0)),
+    st.builds(sg.QPseudoSpike, alpha=st.floats(1.2, 4.0)),
+    st.builds(sg.LeakyKReLU, leak=st.floats(0.0, 0.5), k=st.floats(0.5, 2.0)),
+    st.builds(sg.FakeNumericalGradient, alpha=st.floats(0.1, 1.0)),
+    st.builds(sg.LogTailedReLU, alpha=st.floats(0.0, 0.5)),
+    st.builds(sg.DeterministicPass),
+)
+_ANY_SURROGATE = st.one_of(
+    _STEP_SURROGATES,
+    st.builds(sg.MultiLevelSpikeCount, max_spike_count=st.integers(1, 3), spiking=st.booleans()),
+    st.builds(sg.Sigmoid, alpha=st.floats(0.5, 8.0), spiking=st.just(False)),
+    st.builds(sg.PiecewiseLeakyReLU, w=st.floats(0.2, 2.0), spiking=st.just(False)),
+    st.builds(sg.DeterministicPass, spiking=st.just(False)),
+)
+
+
+def surrogates_for(impl: str):
+    """The surrogates ``impl`` runs: every one (xla), those whose forward is the step (pallas), five (native)."""
+    return {"xla": _ANY_SURROGATE, "pallas": _STEP_SURROGATES}.get(impl, SURROGATES)
+
+
 # Every neuron variant: IF / LIF / PLIF, tau, decay_input, threshold, soft / zero / other
 # hard reset, detach_reset, any surrogate.
 NEURON_CONFIGS = st.builds(

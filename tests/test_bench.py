@@ -9,14 +9,12 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sj_python
 
 from snnjax import neurons as F
 from snnjax.bench import neuron as bench
@@ -78,17 +76,11 @@ def test_kernel_check_runs_a_case_and_catches_a_wrong_kernel(monkeypatch):
     assert not rec["ok"] and rec["v"] > 1e-3
 
 
-def _sj_python():
-    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them."""
-    if os.environ.get("SNNJAX_SJ_PYTHON"):
-        return os.environ["SNNJAX_SJ_PYTHON"]
-    return sys.executable if all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly")) else None
 
-
-@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
+@pytest.mark.skipif(sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
 def test_neuron_bench_spikingjelly_side_matches_and_is_recorded(tmp_path):
     records = bench.main(["--ts", "2", "3", "--batch", "2", "--features", "40", "--impls", "xla", "--reps", "2",
-                          "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly", "--sj-python", _sj_python(),
+                          "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly", "--sj-python", sj_python(),
                           "--sj-threads", "1"])
     assert [r["T"] for r in records] == [2, 3]
     for r in records:

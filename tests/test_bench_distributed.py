@@ -1,13 +1,11 @@
 """The distributed benchmark on the tiny MLP over the 8 test CPU devices: records, comparisons, errors."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import sys
 
 import pytest
+from helpers import sj_python
 
 from snnjax.bench import distributed as bench
 
@@ -133,18 +131,11 @@ def test_spikingjelly_comparison_without_an_interpreter_records_why(tmp_path, ca
     assert rec["step_latency_ms"] > 0 and "SpikingJelly unavailable" in capsys.readouterr().out
 
 
-def _sj_python():
-    """An interpreter with torch and spikingjelly: $SNNJAX_SJ_PYTHON, else this one if it has them."""
-    if os.environ.get("SNNJAX_SJ_PYTHON"):
-        return os.environ["SNNJAX_SJ_PYTHON"]
-    has = all(importlib.util.find_spec(m) for m in ("torch", "spikingjelly"))
-    return sys.executable if has else None
 
-
-@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
+@pytest.mark.skipif(sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
 def test_spikingjelly_comparison_is_interleaved_and_traceable(tmp_path):
     rec = _run(tmp_path / "dist.jsonl", "--mode", "dp", "--mesh", "data=8", "--no-phases", "--steps", "3",
-               "--compare-spikingjelly", "--sj-python", _sj_python(), "--sj-threads", "1")
+               "--compare-spikingjelly", "--sj-python", sj_python(), "--sj-threads", "1")
     assert rec["spikingjelly_backend"] == "torch" and rec["timing"] == "interleaved"
     assert rec["torch_threads"] == 1 and rec["torch_version"] and rec["spikingjelly_version"]
     assert rec["threads"]["xla_intra_op_threads"] >= 1 and "8" in rec["threads"]["xla_flags"]

@@ -104,12 +104,15 @@ def test_workload_widths_divide_and_refuse_what_cannot():
         workload.architecture("spikformer_ti", 4, 64)
 
 
-def test_compare_spikingjelly_with_a_missing_interpreter_records_the_error(tmp_path):
+def test_compare_spikingjelly_with_a_missing_interpreter_records_the_error_and_profile_adds_a_trace(tmp_path):
     out = tmp_path / "bench.jsonl"
     rec = bench.main(["--model", "mlp", "--batch-size", "4", "--T", "2", "--steps", "2", "--warmup", "1",
-                      "--compare-spikingjelly", "--sj-python", str(tmp_path / "none"), "--out", str(out)])
+                      "--compare-spikingjelly", "--sj-python", str(tmp_path / "none"), "--out", str(out),
+                      "--profile", str(tmp_path / "trace")])
     assert "none" in rec["spikingjelly_error"] and rec["median_ms"] > 0
     assert rec["threads"]["schedulable_cores"] >= 1 and json.loads(out.read_text())["spikingjelly_error"]
+    # --profile: one more step traced, its time split by op kind in the record
+    assert rec["profile_trace"].startswith(str(tmp_path / "trace")) and rec["time_split_ms"]["matmul"] > 0
 
 
 def test_config_mode_times_the_recipes_model_on_its_data(tmp_path):

@@ -9,6 +9,7 @@ from sklearn.datasets import load_digits
 
 from snnjax.data import encoders
 from snnjax.data.digits import digits_split_indices
+from snnjax.data.event_folder import EVENT_OPTIONS
 from snnjax.data.loader import Loader
 from snnjax.data.registry import DATASETS, SOURCE_NAMES, get_source
 
@@ -108,15 +109,18 @@ def test_registry_errors():
 
 @pytest.mark.parametrize("name", SOURCE_NAMES)
 def test_registry_entry_matches_its_factory(name):
-    """What an entry declares (data_dir, time_steps, option types) is what its factory takes."""
+    """What an entry declares (data_dir, time_steps, option types) is what its factory takes: its own keywords,
+    and for the event-file datasets (``**options``) the shared ``EVENT_OPTIONS``."""
     entry = DATASETS[name]
     params = inspect.signature(entry.make).parameters
     assert ("data_dir" in params) == entry.reads_files
     assert ("time_steps" in params) == entry.events
-    assert set(params) - {"self", "split", "data_dir", "time_steps"} == set(entry.options)
-    for key, kind in entry.options.items():
+    own = {k for k, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"self", "split", "data_dir", "time_steps"}
+    shared = set(EVENT_OPTIONS) if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set()
+    assert own | shared == set(entry.options) and not own & shared
+    for key in own:
         default = params[key].default
-        assert default is None or isinstance(default, kind), (key, default, kind)
+        assert default is None or isinstance(default, entry.options[key]), (key, default, entry.options[key])
 
 
 # ----------------------------------------------------------------------------- encoders

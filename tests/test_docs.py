@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+from conftest import QUICK_COMPILES_ENV
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -109,7 +111,8 @@ print("FAILURES " + json.dumps(failures))
 
 def run_blocks(snippets: list[tuple[str, str]]) -> None:
     result = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(snippets), capture_output=True,
-                            text=True, timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            text=True, timeout=600, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **QUICK_COMPILES_ENV})
     assert result.returncode == 0, result.stderr[-3000:]
     failures = json.loads(result.stdout.rsplit("FAILURES ", 1)[1])
     assert not failures, "\n\n".join(f"{label}:\n{tb}" for label, tb in failures.items())

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import COMPILE_SPEED_FLAGS
+from conftest import COMPILE_SPEED_FLAGS, QUICK_COMPILES_ENV
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
@@ -37,7 +37,7 @@ def test_every_example_has_expectations():
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs(tmp_path, name):
     env = {**os.environ, "XLA_FLAGS": f"{COMPILE_SPEED_FLAGS} --xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
+           "JAX_PLATFORMS": "cpu", **QUICK_COMPILES_ENV}
     result = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
                             timeout=600, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

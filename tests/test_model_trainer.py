@@ -3,7 +3,7 @@
 
 Equivalence runs in float64 (a 1-ulp change can flip a spike): a small spiking conv net (``snnjax.Sequential``)
 trained two steps on one device, under ``fsdp=4,tensor=2`` and under a pipeline ``stage=2,data=4`` reaches the
-same loss and parameters.
+same loss and parameters. Programs compile with ``conftest.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from snnjax import layers, parallel
 from snnjax.neurons import LIFNode
 from snnjax.train import Trainer, base_config
 from snnjax.train.checkpoint import CheckpointError
+
+pytestmark = pytest.mark.usefixtures("quick_compiles_module")
 
 
 def small_net(dtype=jnp.float64, annotate: bool = True) -> snnjax.Sequential:

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from snnjax import Sequential, layers, neurons
-from snnjax.deploy import Streamer
+from snnjax.deploy import Streamer, calls
 from snnjax.interop import check, spikingjelly
 from snnjax.models import SpikingMLP, neuron_options
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.usefixtures("x64_module")
 
 
 def user_lif_class():
-    """``UserLIF`` as docs/python.md writes it (the block checked by this file)."""
-    text = (ROOT / "docs" / "python.md").read_text()
+    """``UserLIF`` as docs/neurons.md writes it (the block checked by this file)."""
+    text = (ROOT / "docs" / "neurons.md").read_text()
     (code,) = re.findall(r'```python title="checked by tests/test_neuron_catalogue.py"\n(.*?)```', text, re.S)
     assert len(code.strip().splitlines()) <= 15, "the docs promise a LIF in at most 15 lines"
     namespace = {}
-    exec(compile(code, "docs/python.md", "exec"), namespace)
+    exec(compile(code, "docs/neurons.md", "exec"), namespace)
     return namespace["UserLIF"]
 
 
@@ -123,7 +123,7 @@ class AdaptiveLIF(BaseNode):
         return {**v, "v": v["v"] + (x - v["v"]) * jax.nn.sigmoid(self.w[...])}
 
     def neuronal_fire(self, h, params):
-        return neurons.spike(h["v"] - h["th"], self.surrogate_function)
+        return self.surrogate_function(h["v"] - h["th"])
 
     def neuronal_reset(self, h, spike, params):
         th = h["th"] + (self.v_threshold - h["th"]) / self.tau_th + self.beta * spike
@@ -176,6 +176,27 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
         neuron_options.Neurons.of(neurons.QIFNode, {"init_tau": 2.0}, model="test")
     with pytest.raises(ValueError, match="impl='scan' runs it"):
         CUBALIFNode(step_mode="m", impl="native")(x)
+    choice = neurons.choose_impl("auto", CUBALIFNode().neuron, x)
+    assert choice.impl == "scan" and not choice.refused  # auto's own pick: no fallback warning
+    with pytest.raises(ValueError, match="spiking MultiLevelSpikeCount"):
+        neurons.ILIFNode(surrogate_function=neurons.Sigmoid())
+    with pytest.raises(ValueError, match="CUBALIFNode: .* draws random spikes"):
+        CUBALIFNode(surrogate_function=neurons.PoissonPass())
+
+
+def test_a_psn_beside_step_neurons_resets_and_is_no_base_node():
+    """``reset_net`` clears a CUBA-LIF's two state variables and a single-step ``SlidingPSN``'s queue (a
+    ``Stateful`` module, not a ``BaseNode``); ``set_impl`` and ``deploy.calls.neurons`` pass the PSN by."""
+    rngs = nnx.Rngs(0)
+    net = Sequential(layers.linear(3, 4, rngs=rngs), CUBALIFNode(), neurons.SlidingPSN(k=2))
+    x = jnp.asarray(np.random.default_rng(7).uniform(0.5, 1.5, (2, 3)))
+    net(x)
+    cuba, psn = net.layers[1], net.layers[2]
+    assert float(jnp.abs(cuba.c.get_value()).sum()) > 0 and psn.queue.get_value().shape == (2, 2, 4)
+    neurons.reset_net(net)
+    assert float(jnp.abs(cuba.c.get_value()).sum()) == 0 and psn.queue.get_value().shape == ()
+    assert neurons.set_impl(net, "scan") == 1 and cuba.impl == "scan"
+    assert [path for path, _ in calls.neurons(net)] == ["layers.1"]
 
 
 @pytest.mark.parametrize("name,v_init,seq", [("user_lif", True, True), ("izhikevich", False, False),

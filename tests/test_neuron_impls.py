@@ -5,10 +5,11 @@
   1e-10 normwise relative error.
 - Hypothesis, each implementation against the path it replaces (``xla`` against plain autodiff
   ``multistep_reference``, the kernels against ``xla``): random neuron configurations (IF / LIF /
-  PLIF, tau, decay_input, threshold, hard or soft reset, detach_reset, every surrogate with a
-  random alpha), random T and trailing shapes, random or default (possibly broadcast) ``v_init``,
-  both output forms, random cotangents on both outputs; for Pallas random block sizes and time
-  chunks (the last block's rows masked; several chunks, a partial last one, or one for all T).
+  PLIF, tau, decay_input, threshold, hard or soft reset, detach_reset, every surrogate the implementation
+  runs, with random keywords: xla's also the non-spiking ones and spike counts), random T and trailing
+  shapes, random or default (possibly broadcast) ``v_init``, both output forms, random cotangents on
+  both outputs; for Pallas random block sizes and time chunks (the last block's rows masked; several
+  chunks, a partial last one, or one for all T).
   Spikes and dtypes equal; V bit for bit (Pallas: 1e-10 in float64, 1e-5 in float32); gradients
   w.r.t. ``x_seq``, ``v_init`` and PLIF's ``w`` to 1e-10 in float64, 1e-5 in float32 (the
   kernels; native's ``w``, a sum over every neuron-step: 1e-4).
@@ -40,6 +41,7 @@ from neuron_checks import (
     assert_same_run,
     low_precision_problem,
     problem_arrays,
+    surrogates_for,
 )
 
 from snnjax import neurons as F
@@ -120,7 +122,7 @@ def _assert_reproduces(impl: str, case: dict, a: dict) -> None:
 
 @st.composite
 def _problems(draw, impl: str):
-    cfg = draw(NEURON_CONFIGS)
+    cfg = dataclasses.replace(draw(NEURON_CONFIGS), surrogate=draw(surrogates_for(impl)))
     T = draw(st.integers(1, 12))
     shape = tuple(draw(st.lists(st.integers(1, 7), min_size=0, max_size=3)))
     dtype = draw(st.sampled_from(["float64"] if impl == "xla" else ["float64", "float32"]))

@@ -16,7 +16,7 @@ from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
 from snnjax.models.sequential import Sequential
-from snnjax.neurons import ATan, LIFNode
+from snnjax.neurons import S2NN, LIFNode
 
 
 def gesture_net():
@@ -69,15 +69,15 @@ def test_round_trip_through_a_nir_file_reproduces_outputs(x64, tmp_path, name):
 
 
 def test_neuron_parameters_and_training_settings_travel(tmp_path):
-    model = SpikingMLP(4, (3,), 2, spiking_neuron="IF", v_threshold=0.7, v_reset=-0.1, surrogate_function=ATan(3.0),
-                       detach_reset=True, rngs=nnx.Rngs(0))
+    model = SpikingMLP(4, (3,), 2, spiking_neuron="IF", v_threshold=0.7, v_reset=-0.1,
+                       surrogate_function=S2NN(3.0, 0.5), detach_reset=True, rngs=nnx.Rngs(0))
     graph = to_nir(model, (4,))
     node = graph.nodes["neurons_0"]
     assert isinstance(node, nir.IF) and np.all(node.r == 1e4) and np.all(node.v_threshold == 0.7)
     nir.write(tmp_path / "if.nir", graph)
     neuron = from_nir(tmp_path / "if.nir").layers[1]
     assert (neuron.kind, neuron.v_threshold, neuron.v_reset) == ("IF", 0.7, -0.1)
-    assert neuron.surrogate_function == ATan(3.0) and neuron.detach_reset
+    assert neuron.surrogate_function == S2NN(alpha=3.0, beta=0.5) and neuron.detach_reset
     lif = to_nir(SpikingMLP(4, (3,), 2, tau=4.0, decay_input=False, rngs=nnx.Rngs(0)), (4,)).nodes["neurons_0"]
     assert np.allclose(lif.tau, 4e-4) and np.all(lif.r == 4.0) and np.all(lif.v_leak == 0.0)
 

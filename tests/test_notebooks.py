@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import pytest
+from conftest import QUICK_COMPILES_ENV
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -26,6 +27,8 @@ def test_notebook_is_stripped_and_runs(path, monkeypatch):
     # The kernel inherits this environment: the tests' 8 CPU devices, and the source tree on the path.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    for key, value in QUICK_COMPILES_ENV.items():
+        monkeypatch.setenv(key, value)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     client.execute()

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from conftest import quick_compiles
 from flax import nnx
 from helpers import ROOT, load_config, start_until_checkpoint
 
@@ -137,7 +138,7 @@ SHRINK = {"mlp": [], "cifar10dvs_vgg": ["--config.model.widths=(4,4,8,8,8,8,8,8)
                              "--config.model.hidden_features=8"],
           "sdt": ["--config.model.embed_dims=16", "--config.model.num_heads=2", "--config.model.depths=1"],
           "qkformer": ["--config.model.embed_dims=16", "--config.model.num_heads=(2,2,2)",
-                       "--config.model.depths=(1,1,1)"],
+                       "--config.model.depths=(1,0,1)"],  # both block kinds (Q-K attention, self-attention)
           "ms_resnet18": ["--config.model.base_channels=4", "--config.model.layers=(1,1,1)"],
           "spiking_vgg11_bn": ["--config.model.cfg=(4,'M',8,'M',8,'M',8,'M')", "--config.model.hidden_features=8"]}
 _TRANSFORMER_16x16 = {"in_channels": 2, "num_classes": 10, "T": 2}
@@ -182,7 +183,8 @@ def train_in_process(workdir, *overrides, config="digits") -> subprocess.Complet
     return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
 
 
-# One config per model family trains through train.py (its flag parsing and main, in this process); the other
+# One config per model family trains through train.py (its flag parsing and main, in this process; its programs
+# compiled with conftest's quick_compiles: the runs check what train.py does, not XLA's optimised code); the other
 # configs of its family (same model code, another dataset or recipe) are built in this process, without
 # compiling (the suite's time).
 TRAINED = ("digits", "ncaltech101_vgg", "spikformer_ti", "imagenet_sew_resnet18", "dvsgesture_plif",
@@ -201,8 +203,9 @@ def test_each_model_family_has_a_trained_config():
 def test_every_config_switches_to_synthetic_events_with_one_flag(tmp_path, name):
     """``--config.data.name=synthetic_dvs`` is enough: the config's data_dir is ignored with a note, sizes follow."""
     c = load_config(name)
-    result = train_in_process(tmp_path, "--config.data.name=synthetic_dvs", *SMALL, *SHRINK[c.model.name],
-                              config=name)
+    with quick_compiles():
+        result = train_in_process(tmp_path, "--config.data.name=synthetic_dvs", *SMALL, *SHRINK[c.model.name],
+                                  config=name)
     assert result.returncode == 0, result.stderr[-3000:]
     if c.data.data_dir is not None:
         assert f"note: synthetic_dvs reads no files; ignoring data.data_dir='{c.data.data_dir}'" in result.stdout

@@ -1,7 +1,7 @@
 """The model zoo (Spiking ResNet, SEW-ResNet, SpikingJelly's parametric-LIF nets, MS-ResNet): architectures, layers,
 losses, weight import, and SpikingJelly's golden data (``tests/fixtures/spikingjelly/zoo.npz``, ``ms_resnet.npz``):
-every case with the xla neuron implementation, and with native one case per family and per neuron kind (IF, PLIF,
-LIF). ``tests/test_neuron_impls.py`` compares xla, native and pallas on every neuron case.
+every case with the xla neuron implementation, and the voting net with native too. ``tests/test_neuron_impls.py``
+compares xla, native and pallas on every neuron case.
 
 Programs compile with ``conftest.quick_compiles`` (XLA:CPU without its expensive optimisations).
 """
@@ -29,9 +29,9 @@ ZOO = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "zoo.npz"
 MS_RESNET = ZOO.with_name("ms_resnet.npz")
 ZOO_CASES = ("spiking_resnet18", "sew_resnet18_add", "sew_resnet50_iand", "dvsgesture_net")
 MS_CASES = ("ms_resnet", "ms_resnet_plif", "max_resnet")
-# native: Spiking ResNet (IF), the voting net (PLIF), MS-ResNet (LIF with the Rect surrogate)
-GOLDEN = [(name, "xla") for name in ZOO_CASES + MS_CASES] + [
-    (name, "native") for name in ("spiking_resnet18", "dvsgesture_net", "ms_resnet")]
+# native in a model: the voting net (PLIF, its w gradient too); each neuron kind and surrogate (IF, MS-ResNet's LIF
+# with Rect) runs through every implementation in test_neuron_impls.py, and the model's dispatch is the same
+GOLDEN = [(name, "xla") for name in ZOO_CASES + MS_CASES] + [("dvsgesture_net", "native")]
 
 
 pytestmark = pytest.mark.usefixtures("quick_compiles_module")

@@ -16,15 +16,15 @@ from __future__ import annotations
 import functools
 import json
 import os
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REFERENCE_DIR, quick_compiles
+from conftest import REFERENCE_DIR
 from flax import nnx
+from seeded import seeded_uniform
 
 import snnjax
 from snnjax import layers, models, neurons
@@ -35,6 +35,10 @@ from snnjax.models.registry import DataShape, create_model, sizes_from_data
 from snnjax.models.spiking_vgg import CFGS
 from snnjax.parallel.pipeline_plan import PipelineOptions
 
+# Programs compile with conftest's quick_compiles: the full-size golden test too (its eval and train programs
+# compile in less time than XLA's optimisations save when they run, T=2, N=2 at 32 x 32).
+pytestmark = pytest.mark.usefixtures("quick_compiles_module")
+
 FIXTURE = REFERENCE_DIR / "vgg.npz"
 META = json.loads(FIXTURE.with_suffix(".json").read_text())
 SUITE = ("spiking_vgg11", "spiking_vgg11_bn")
@@ -44,14 +48,6 @@ TOL = 1e-10
 TORCHVISION = {"spiking_vgg11": 132_863_336, "spiking_vgg11_bn": 132_868_840, "spiking_vgg13": 133_047_848,
                "spiking_vgg13_bn": 133_053_736, "spiking_vgg16": 138_357_544, "spiking_vgg16_bn": 138_365_992,
                "spiking_vgg19": 143_667_240, "spiking_vgg19_bn": 143_678_248}
-
-
-@pytest.fixture
-def fast_compiles():
-    """conftest's ``quick_compiles`` for one test: the small models' programs compile faster (the full-size
-    models run far slower so: their golden test keeps XLA's optimisations)."""
-    with quick_compiles():
-        yield
 
 
 def _abstract(name: str, **kwargs) -> SpikingVGG:
@@ -99,11 +95,12 @@ def test_adaptive_avg_pool_is_torchs(size, out):
 
 
 def regenerate(meta: dict) -> dict[str, np.ndarray]:
-    """The case's SpikingJelly ``state_dict``: ``offset + scale * (2 u - 1)``, ``u`` from the key's PCG64 stream."""
+    """The case's SpikingJelly ``state_dict``: ``offset + scale * u``, ``u`` the key's ``seeded_uniform``."""
     out = {}
     for key, (shape, scale, offset) in meta["weights"].items():
-        rng = np.random.Generator(np.random.PCG64([meta["seed"], zlib.crc32(key.encode())]))
-        out[key] = np.asarray(offset + scale * (2.0 * rng.random(tuple(shape)) - 1.0))
+        out[key] = seeded_uniform(meta["seed"], key, shape)
+        out[key] *= scale  # in place (the classifier's first weight alone is 0.8 GB)
+        out[key] += offset
     return out
 
 
@@ -201,7 +198,7 @@ def _train(batch_norm: bool, layout: str, devices: int, **kw):
     (True, "fsdp=2,tensor=2", 4, {}),
     (False, "stage=2,data=2", 4, {"pipeline": PipelineOptions("1f1b", 1, 2)}),  # no BatchNorm: microbatches agree
 ])
-def test_layouts_train_as_one_device(batch_norm, layout, devices, kw, x64, fast_compiles):
+def test_layouts_train_as_one_device(batch_norm, layout, devices, kw, x64):
     ref_losses, ref = _train(batch_norm, "data=1", 1)
     losses, params = _train(batch_norm, layout, devices, **kw)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)

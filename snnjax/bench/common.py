@@ -37,29 +37,51 @@ def append_jsonl(path: str | None, record: dict) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def default_sj_backends(platform: str) -> tuple[str, ...]:
-    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; ``cupy`` and ``torch`` on a GPU (the fastest
-    that runs is compared)."""
-    return ("cupy", "torch") if platform in ("gpu", "cuda", "rocm") else ("torch",)
+def default_sj_backends(platform: str, dtype: str = "float32") -> tuple[str, ...]:
+    """SpikingJelly's neuron backends to try: ``torch`` on a CPU; on a GPU its CUDA implementations ``triton`` and
+    ``torch`` (the fastest that runs is compared; its native ``cuda`` one is built only from source) in float32, and
+    ``auto`` in a low precision: SpikingJelly 2.0.0 runs its torch reference there and refuses a named one."""
+    if platform not in ("gpu", "cuda", "rocm"):
+        return ("torch",)
+    return ("triton", "torch") if dtype == "float32" else ("auto",)
 
 
 def start_spikingjelly_steps(python: str, backends, *, model: str, batch: int, t: int, width_div: int = 1,
-                             image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu"):
-    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts."""
-    from snnjax.bench.peer import PeerError, start_script
+                             image_size: int | None = None, threads: int, warmup: int, platform: str = "cpu",
+                             dtype: str = "float32", wait: bool = True):
+    """``({backend: Peer}, {backend: error})``: one ``spikingjelly_train_step.py`` peer per backend that starts.
+
+    ``wait=False`` returns the started processes at once, still warming up: pass the pair to ``ready_peers``
+    after our own compile (the two overlap)."""
+    from snnjax.bench.peer import start_script
 
     args = ["--model", model, "--T", str(t), "--batch-size", str(batch), "--width-div", str(width_div),
             "--device", "cuda" if platform in ("gpu", "cuda", "rocm") else "cpu", "--threads", str(threads),
-            "--warmup", str(warmup)]
+            "--warmup", str(warmup), "--dtype", dtype]
     if image_size is not None:
         args += ["--image-size", str(image_size)]
     peers, errors = {}, {}
     for backend in backends:
         try:
-            peers[backend] = start_script(python, "spikingjelly_train_step.py", [*args, "--backend", backend])
-        except (PeerError, OSError) as e:
+            peers[backend] = start_script(python, "spikingjelly_train_step.py", [*args, "--backend", backend],
+                                          wait=False)
+        except OSError as e:
             errors[backend] = str(e)
-    return peers, errors
+    return ready_peers(peers, errors) if wait else (peers, errors)
+
+
+def ready_peers(peers: dict, errors: dict) -> tuple[dict, dict]:
+    """``peers`` whose start-up object arrived; each one that failed to start moves to ``errors`` (its message)."""
+    from snnjax.bench.peer import PeerError
+
+    live = {}
+    for backend, peer in peers.items():
+        try:
+            peer.wait_ready()
+            live[backend] = peer
+        except PeerError as e:
+            errors[backend] = str(e)
+    return live, errors
 
 
 def spikingjelly_fields(peers: dict, times: dict[str, list[float]], ours_ms: float, batch: int,

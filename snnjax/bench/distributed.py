@@ -32,7 +32,7 @@ step by kind from the compiled HLO (``snnjax.parallel.step_report``), compilatio
 ``comparison_key``. In a multi-process run only process 0 prints and writes.
 
 ``--compare-spikingjelly``: SpikingJelly's equivalent step (same architecture, global batch, T, Adam) on
-ONE device (torch CPU, or one GPU with its fastest neuron backend of cupy / torch), run by ``--sj-python``
+ONE device (torch CPU, or one GPU with its fastest neuron backend of triton / torch), run by ``--sj-python``
 in a process kept alive beside ours (``snnjax.bench.spikingjelly_train_step``); its steps and ours
 alternate repetition by repetition. The record says what was compared (``comparison``: our mode, mesh and
 device count against SpikingJelly's single device), and carries SpikingJelly's median step, throughput,
@@ -112,8 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sj-python", default=sys.executable, help="Python with torch and spikingjelly")
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
                    help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
-    p.add_argument("--sj-backends", nargs="+", choices=["torch", "cupy"],
-                   help="SpikingJelly neuron backends (default: torch on a CPU, cupy and torch on a GPU)")
+    p.add_argument("--sj-backends", nargs="+", choices=["torch", "triton", "cuda", "auto"],
+                   help="SpikingJelly neuron backends (default: torch on a CPU, triton and torch on a GPU)")
     p.add_argument("--devices", type=int, help="fake N host CPU devices (sets XLA_FLAGS; CLI only, before jax)")
     p.add_argument("--out", help="JSONL file: read for the previous record, then appended to")
     args = p.parse_args(argv)

@@ -1,11 +1,13 @@
-"""Neuron benchmark: LIF forward + backward over ``[T, 64, C]`` for each impl, against the copy roofline.
+"""Neuron benchmark: LIF (or PLIF) forward + backward over ``[T, 64, C]`` for each impl, against the copy roofline.
 
-    python -m snnjax.bench.neuron [--ts 4 8 16 32] [--features C] [--impls xla pallas ...]
-                                  [--dtype float32|bfloat16] [--compare-spikingjelly] [--out FILE.jsonl]
+    python -m snnjax.bench.neuron [--neuron LIF|PLIF] [--ts 4 8 16 32] [--features C] [--impls xla pallas ...]
+                                  [--dtype float32|bfloat16|float16] [--compare-spikingjelly] [--out FILE.jsonl]
 
 What is timed is one training-shaped call: ``(spikes, dX) = f(X, dS)``, the forward
 spikes and the input gradient for a cotangent dS, jitted, of a LIF neuron with
-SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmoid(4)).
+SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmoid(4));
+``--neuron PLIF``: SpikingJelly's ``ParametricLIFNode(init_tau=2.0)`` defaults, the call also returning the gradient of
+its decay parameter ``w``.
 Inputs are ``0.5 + N(0, 1)`` (about a tenth of the neuron-steps fire), drawn with numpy
 from a seed per T, so SpikingJelly gets bit-identical inputs and its spike count and
 gradient norm are compared with ours.
@@ -24,22 +26,22 @@ call ``snnjax.runtime.hostmem.keep_freed_memory()``, as ``train.py`` does, unles
 its large buffers.
 
 Impls: ``xla`` (the lax.scan custom-vjp path), ``scan`` (the single step under ``lax.scan``, plain autodiff),
-``user`` (``UserLIF``, a LIF written through ``BaseNode``'s hooks as docs/python.md shows, run by ``scan``),
+``user`` (``UserLIF``, a LIF written through ``BaseNode``'s hooks as docs/neurons.md shows, run by ``scan``),
 ``native`` (the fused C++ kernels, CPU), ``pallas`` (the fused Pallas kernels; default
 ``KernelOptions``), and ``pallas:key=value,...`` for other ``KernelOptions``
 (``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on this
 backend: ``xla`` and ``native`` on a CPU (the Pallas kernels only run interpreted there),
 ``xla`` and ``pallas`` on a GPU.
 
-``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode(step_mode='m')`` on the
+``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode`` / ``ParametricLIFNode`` (``step_mode='m'``) on the
 same shapes and inputs in a process of ``--sj-python`` per backend, kept alive beside ours
 (``snnjax.bench.spikingjelly_lif``, ``snnjax.bench.peer``; needs torch and spikingjelly), its
 repetitions interleaved with the impls' (torch gets ``--sj-threads`` threads; the records carry
 both sides' thread counts and torch's and SpikingJelly's versions): the torch backend on a CPU;
-on a GPU each of its CUDA implementations (``SJ_LIF_CUDA_IMPLEMENTATION``: triton, cuda, torch) that loads, and the
-ratio to the fastest. (Its native ``cuda`` backend loads only when SpikingJelly was built
-from source; its bfloat16 ``LIFNode`` keeps V in bfloat16 and runs the torch reference,
-backend ``auto``.) ``--out`` appends one JSON line per (impl, T) configuration.
+on a GPU each of its CUDA implementations (``SJ_LIF_CUDA_IMPLEMENTATION`` / ``SJ_PLIF_CUDA_IMPLEMENTATION``:
+triton, cuda, torch) that loads, and the ratio to the fastest. (SpikingJelly 2.0.0 has no CuPy backend; its native
+``cuda`` one loads only when SpikingJelly was built from source; its bfloat16 ``LIFNode`` keeps V in bfloat16 and
+runs the torch reference, backend ``auto``.) ``--out`` appends one JSON line per (impl, T) configuration.
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def parse_impl(spec: str):
 
 
 def user_lif():
-    """``UserLIF``: a LIF written as a user writes one (``BaseNode.neuronal_charge``; docs/python.md)."""
+    """``UserLIF``: a LIF written as a user writes one (``BaseNode.neuronal_charge``; docs/neurons.md)."""
     from snnjax.neurons import BaseNode
 
     class UserLIF(BaseNode):
@@ -105,7 +107,8 @@ def user_lif():
 
 
 def make_step(spec: str, cfg):
-    """Jitted ``(x, ds) -> (spikes, dx)`` for one impl spec."""
+    """Jitted ``(x, ds) -> (spikes, dx)`` for one impl spec; PLIF: ``(spikes, dx, dw)``, its decay parameter ``w``
+    at SpikingJelly's ``init_tau=2`` (w = 0)."""
     import jax
 
     from snnjax import neurons
@@ -113,16 +116,23 @@ def make_step(spec: str, cfg):
 
     name, opts = parse_impl(spec)
     if name in ("xla", "scan", "native"):
-        run = lambda x: neurons.multistep(cfg, x, impl=name)[0]  # noqa: E731
+        run = lambda x, w: neurons.multistep(cfg, x, w=w, impl=name)[0]  # noqa: E731
     elif name == "user":
+        if cfg.kind != "LIF":
+            raise SystemExit(f"impl 'user' times a LIF written through BaseNode's hooks; not with --neuron {cfg.kind}")
         node = user_lif()(tau=cfg.tau, step_mode="m")
-        run = lambda x: node(x)  # noqa: E731
+        run = lambda x, w: node(x)  # noqa: E731
     else:
-        run = lambda x: P.multistep(cfg, x, options=opts)[0]  # noqa: E731
+        run = lambda x, w: P.multistep(cfg, x, w=w, options=opts)[0]  # noqa: E731
 
-    def step(x, ds):
-        spikes, vjp = jax.vjp(run, x)
-        return spikes, vjp(ds)[0]
+    if cfg.kind == "PLIF":
+        def step(x, ds):
+            spikes, vjp = jax.vjp(run, x, jax.numpy.zeros((), jax.numpy.float32))
+            return spikes, *vjp(ds)
+    else:
+        def step(x, ds):
+            spikes, vjp = jax.vjp(lambda x: run(x, None), x)
+            return spikes, vjp(ds)[0]
 
     return jax.jit(step)
 
@@ -175,22 +185,24 @@ def time_impls(steps: dict, x, ds, reps: int, warmup: int, inner: int, peers: di
     return interleave(timers, reps)
 
 
-def summarize(spikes, dx) -> dict:
-    """Spike count and gradient L2 norm (compared across impls and with SpikingJelly)."""
-    return {"spikes": float(np.sum(np.asarray(spikes, np.float64))),
-            "dx_norm": float(np.linalg.norm(np.asarray(dx, np.float64).ravel()))}
+def summarize(spikes, dx, dw=None) -> dict:
+    """Spike count, gradient L2 norm and PLIF's ``dw`` (compared across impls and with SpikingJelly)."""
+    out = {"spikes": float(np.sum(np.asarray(spikes, np.float64))),
+           "dx_norm": float(np.linalg.norm(np.asarray(dx, np.float64).ravel()))}
+    return out if dw is None else {**out, "dw": float(dw)}
 
 
 def start_spikingjelly(python: str, backends, device: str, batch: int, features: int, dtype: str, warmup: int,
-                      inner: int, threads: int, keep_freed_memory: bool) -> tuple[dict, dict]:
+                      inner: int, threads: int, keep_freed_memory: bool, neuron: str = "LIF") -> tuple[dict, dict]:
     """``({backend: Peer}, {backend: error})``: one ``spikingjelly_lif.py`` peer per backend that starts."""
     peers, errors = {}, {}
     for backend in backends:
         args = ["--backend", backend, "--device", device, "--batch", str(batch), "--features", str(features),
-                "--dtype", dtype, "--warmup", str(warmup), "--inner", str(inner), "--threads", str(threads)]
+                "--dtype", dtype, "--warmup", str(warmup), "--inner", str(inner), "--threads", str(threads),
+                "--neuron", neuron]
         if keep_freed_memory:
             args.append("--keep-freed-memory")
-        env = dict(os.environ, SJ_LIF_CUDA_IMPLEMENTATION=backend) if backend != "cpu" else None
+        env = dict(os.environ, **{f"SJ_{neuron}_CUDA_IMPLEMENTATION": backend}) if backend != "cpu" else None
         try:
             peers[backend] = start_script(python, "spikingjelly_lif.py", args, env=env)
         except (PeerError, OSError) as e:
@@ -235,7 +247,7 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
         gbps = nbytes / (med * 1e-3) / 1e9
         rec = {
             "bench": "neuron", "device_kind": device.device_kind, "platform": device.platform,
-            "impl": name, "neuron": "LIF", "T": t, "shape": [t, args.batch, features], "dtype": dtype.name,
+            "impl": name, "neuron": args.neuron, "T": t, "shape": [t, args.batch, features], "dtype": dtype.name,
             "median_ms": med, "min_ms": min(ts_ms), "reps": len(ts_ms), "inner": inner, "min_bytes": nbytes,
             "gb_per_s": gbps, "copy_gb_per_s": copy_gbps,
             "copy_fresh_gb_per_s": copy_fresh_gbps, "roofline_fraction": gbps / copy_gbps,
@@ -254,6 +266,7 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
                            torch_version=ready["torch_version"], spikingjelly_version=ready["spikingjelly_version"],
                            torch_threads=ready["torch_threads"], spikingjelly_implementation=ready["implementation"],
                            spikingjelly_spikes_match=r["spikes"] == sums[name]["spikes"],
+                           spikingjelly_dw=r.get("dw"),
                            spikingjelly_dx_norm_rel_diff=abs(r["dx_norm"] - sums[name]["dx_norm"])
                            / max(r["dx_norm"], 1e-30))
                 line += f" {r['median_ms']:>11.3f} {b:>11} {r['median_ms'] / med:>7.2f}x"
@@ -264,11 +277,12 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF"])
     p.add_argument("--ts", type=int, nargs="+", default=[4, 8, 16, 32], help="time steps (default 4 8 16 32)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, help="C (default: 16384 on a CPU, 65536 on a GPU)")
     p.add_argument("--impls", nargs="+", help="impl specs (default: xla and native on a CPU, xla and pallas on a GPU)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per impl and T")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--inner", type=int, help="calls per timed repetition, one sync at its end (default: 10 on a "
@@ -277,7 +291,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--compare-spikingjelly", action="store_true",
                    help="also time SpikingJelly's LIFNode on the same shapes (needs torch + spikingjelly)")
     p.add_argument("--sj-backends", nargs="+",
-                   help="SpikingJelly backends (default: cpu on a CPU; triton cuda torch on a GPU)")
+                   help="SpikingJelly backends (default: cpu on a CPU; on a GPU triton cuda torch in float32, auto "
+                        "in a low precision, where SpikingJelly runs its torch reference and refuses a named one)")
     p.add_argument("--sj-python", default=sys.executable,
                    help="Python interpreter that has torch and spikingjelly (default: this one)")
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
@@ -302,14 +317,15 @@ def main(argv=None) -> list[dict]:
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     features = args.features or DEFAULT_FEATURES.get(platform, 16384)
     impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
-    sj_backends = args.sj_backends or (["triton", "cuda", "torch"] if platform == "gpu" else ["cpu"])
+    sj_backends = args.sj_backends or (["cpu"] if platform != "gpu" else ["triton", "cuda", "torch"]
+                                       if args.dtype == "float32" else ["auto"])
     dtype = jnp.dtype(args.dtype)
-    cfg = neurons.NeuronConfig(kind="LIF", tau=2.0)
+    cfg = neurons.NeuronConfig(kind=args.neuron, tau=2.0)
     steps = {spec: make_step(spec, cfg) for spec in impls}
 
     inner = args.inner or DEFAULT_INNER.get(platform, 1)
     copy_gbps, copy_fresh_gbps = measure_copy_gbps(max(args.reps, 10), inner, args.copy_mib << 20)
-    print(f"LIF fwd+bwd (spikes and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
+    print(f"{args.neuron} fwd+bwd (spikes and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
           f"({device.device_kind}), median of {args.reps}; host allocator "
           f"{'keep_freed_memory' if keep_freed else 'default'}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
           f"{copy_fresh_gbps:.1f} GB/s into a new buffer; "
@@ -318,7 +334,7 @@ def main(argv=None) -> list[dict]:
     if args.compare_spikingjelly:
         peers, sj_errors = start_spikingjelly(args.sj_python, sj_backends, "cuda" if platform == "gpu" else "cpu",
                                               args.batch, features, args.dtype, args.warmup, inner, args.sj_threads,
-                                              keep_freed)
+                                              keep_freed, args.neuron)
         for backend, err in sj_errors.items():
             print(f"  SpikingJelly {backend}: unavailable ({err})", flush=True)
 

@@ -1,12 +1,13 @@
 """Compiled-kernel check: the fused kernels against the XLA path on the same (GPU) device.
 
-    python -m snnjax.bench.pallas_check [--out FILE.jsonl]
+    python -m snnjax.bench.pallas_check [--out FILE.jsonl] [--shape T N C] [--limit K]
 
 The CPU tests run the kernels in interpret mode; this runs them compiled on the default
 backend (a GPU; on a CPU it falls back to interpret mode), over a covering set of variants: every (kind, reset mode,
-surrogate) triple, with detach_reset, decay_input, ``return_v_seq``, custom thresholds /
-reset potentials, random ``v_init`` rotating through them, in float32 and (every other
-case) bfloat16, on a shape whose M is not a multiple of any block (partial last block).
+surrogate) triple of five surrogates, one case for each other surrogate whose forward is the step, with
+detach_reset, decay_input, ``return_v_seq``, custom thresholds / reset potentials, random ``v_init`` rotating
+through them, in float32 and (every other case) bfloat16, on a shape whose M is not a multiple of any block
+(partial last block).
 Per case it compares spikes (exactly equal fraction), V, and the VJP w.r.t. ``x``,
 ``v_init`` and PLIF's ``w`` (normwise relative error, ``snnjax.neurons.compare``) with the XLA path
 run on the same device, prints one line (and one JSON record with ``--out``), and exits 1
@@ -33,15 +34,21 @@ from snnjax.neurons.compare import differences, run_vjp
 from snnjax.neurons.kernels import pallas as P
 
 SURROGATES = [sg.Sigmoid(), sg.ATan(), sg.PiecewiseQuadratic(), sg.SoftSign(alpha=3.0), sg.Rect(alpha=2.0)]
+# The other surrogates whose forward is the step (the kernels trace their ``grad``): one case each.
+MORE_SURROGATES = [sg.PiecewiseExp(), sg.SuperSpike(), sg.NonzeroSignLogAbs(), sg.Erf(), sg.PiecewiseLeakyReLU(),
+                   sg.SquarewaveFourierSeries(n=4), sg.S2NN(), sg.QPseudoSpike(alpha=2.5), sg.LeakyKReLU(leak=0.1),
+                   sg.FakeNumericalGradient(), sg.LogTailedReLU(alpha=0.05), sg.DeterministicPass()]
 SHAPE = (6, 5, 1003)  # M = 5015: several blocks, the last partial, at every power-of-two block size
 MAX_SPIKE_MISMATCH = 1e-4
 GRAD_TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def cases():
-    """``(cfg, dtype, return_v_seq, random_v_init)`` covering every kind x reset x surrogate."""
-    for i, (kind, reset, surrogate) in enumerate(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"],
-                                                                   SURROGATES)):
+    """``(cfg, dtype, return_v_seq, random_v_init)`` covering every kind x reset x surrogate of ``SURROGATES``, then
+    one case for each of ``MORE_SURROGATES`` (kinds and resets rotating)."""
+    grid = list(itertools.product(["IF", "LIF", "PLIF"], ["hard", "soft"], SURROGATES))
+    more = [(["IF", "LIF", "PLIF"][j % 3], ["hard", "soft"][j % 2], s) for j, s in enumerate(MORE_SURROGATES)]
+    for i, (kind, reset, surrogate) in enumerate(grid + more):
         v_reset = None if reset == "soft" else (0.0 if i % 3 else -0.2)
         cfg = B.NeuronConfig(kind=kind, tau=1.5 + 0.5 * (i % 3), decay_input=i % 2 == 0,
                              v_threshold=1.0 if i % 4 else 0.7, v_reset=v_reset, detach_reset=(i // 2) % 2 == 1,
@@ -50,15 +57,15 @@ def cases():
             yield cfg, dtype, i % 3 == 1, i % 4 != 0
 
 
-def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
+def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed, shape=SHAPE) -> dict:
     rng = np.random.default_rng(seed)
     dt = jnp.dtype(dtype)
-    x = jnp.asarray(rng.normal(0.6 * cfg.v_threshold, 0.8, SHAPE), dt)
-    v_init = jnp.asarray(cfg.vr + rng.normal(0, 0.5, SHAPE[1:]) if random_v_init else np.full(SHAPE[1:], cfg.vr),
+    x = jnp.asarray(rng.normal(0.6 * cfg.v_threshold, 0.8, shape), dt)
+    v_init = jnp.asarray(cfg.vr + rng.normal(0, 0.5, shape[1:]) if random_v_init else np.full(shape[1:], cfg.vr),
                          jnp.float32)
     w = jnp.asarray(rng.uniform(-1, 1), jnp.float32) if cfg.kind == "PLIF" else None
-    ct_s = jnp.asarray(rng.normal(size=SHAPE), dt)
-    ct_v = jnp.asarray(rng.normal(size=SHAPE if return_v_seq else SHAPE[1:]), jnp.float32)
+    ct_s = jnp.asarray(rng.normal(size=shape), dt)
+    ct_v = jnp.asarray(rng.normal(size=shape if return_v_seq else shape[1:]), jnp.float32)
     args = (cfg, return_v_seq, x, v_init, w, ct_s, ct_v)
     got, want = run_vjp(functools.partial(P.multistep, options=opts), *args), run_vjp("xla", *args)
     (_, v_p), g_p = got
@@ -73,19 +80,26 @@ def check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="append one JSON line per case to this file")
+    p.add_argument("--shape", type=int, nargs=3, default=SHAPE, metavar=("T", "N", "C"),
+                   help=f"input shape (default {' '.join(map(str, SHAPE))})")
+    p.add_argument("--limit", type=int, help="check only every k-th case, k chosen to leave at most LIMIT cases")
     args = p.parse_args(argv)
     device = jax.devices()[0]
+    shape = tuple(args.shape)
     print(f"fused kernels vs XLA path on {device.platform} ({device.device_kind}), jax {jax.__version__}, "
-          f"shape {SHAPE}", flush=True)
+          f"shape {shape}", flush=True)
     records, failed = [], 0
     opts = P.DEFAULT  # compiled on a GPU, interpreted on a CPU
-    for n, (cfg, dtype, return_v_seq, random_v_init) in enumerate(cases()):
+    chosen = list(enumerate(cases()))
+    if args.limit:
+        chosen = chosen[::-(-len(chosen) // args.limit)]
+    for n, (cfg, dtype, return_v_seq, random_v_init) in chosen:
         label = (f"{cfg.kind:<4} {'soft' if cfg.v_reset is None else 'hard'} "
                  f"{'detach' if cfg.detach_reset else '      '} {'di' if cfg.decay_input else '  '} "
                  f"{type(cfg.surrogate).__name__:<18} {dtype:<8} {'vseq' if return_v_seq else '    '}")
         start = time.perf_counter()
         try:
-            rec = check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed=n)
+            rec = check_case(cfg, dtype, return_v_seq, random_v_init, opts, seed=n, shape=shape)
         except Exception as e:  # noqa: BLE001 (report every variant's failure, then exit 1)
             rec = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]!r}"}
         rec.update(case=label.split(), seconds=time.perf_counter() - start,

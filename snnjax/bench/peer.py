@@ -33,13 +33,29 @@ class PeerError(RuntimeError):
 
 
 class Peer:
-    """A running peer script; ``ready`` holds its start-up object."""
+    """A running peer script; ``ready`` holds its start-up object.
 
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None):
+    ``wait=False`` returns as soon as the process is started (``ready`` None) so that the caller can work while the
+    peer warms up; ``wait_ready()`` then reads its start-up object.
+    """
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, wait: bool = True):
         self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty peer cannot block
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      text=True, env=env)
-        self.ready = self._read()
+        self.ready = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> dict:
+        """The peer's start-up object, read once (``PeerError`` if it failed to start)."""
+        if self.ready is None:
+            try:
+                self.ready = self._read()
+            except PeerError:
+                self.close()
+                raise
+        return self.ready
 
     def _read(self) -> dict:
         while True:
@@ -88,9 +104,10 @@ class Peer:
         self.close()
 
 
-def start_script(python: str, script: str, args: list[str], env: dict[str, str] | None = None) -> Peer:
+def start_script(python: str, script: str, args: list[str], env: dict[str, str] | None = None,
+                 wait: bool = True) -> Peer:
     """Run ``snnjax/bench/<script>`` by path under ``python`` (so the snnjax package, and JAX, stay unimported)."""
-    return Peer([python, os.path.join(HERE, script), *args], env=env)
+    return Peer([python, os.path.join(HERE, script), *args], env=env, wait=wait)
 
 
 def interleave(timers: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
@@ -140,7 +157,8 @@ def thread_info() -> dict:
 
 def keep_freed_memory() -> bool:
     """``snnjax.runtime.hostmem.keep_freed_memory()``, loaded by path (the package's ``__init__`` would import JAX)."""
-    spec = importlib.util.spec_from_file_location("_snnjax_hostmem", os.path.join(os.path.dirname(HERE), "hostmem.py"))
+    path = os.path.join(os.path.dirname(HERE), "runtime", "hostmem.py")
+    spec = importlib.util.spec_from_file_location("_snnjax_hostmem", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.keep_freed_memory()

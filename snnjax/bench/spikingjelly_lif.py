@@ -1,14 +1,15 @@
-"""SpikingJelly's side of the neuron benchmark (``snnjax.bench.neuron``): multi-step LIF forward + backward.
+"""SpikingJelly's side of the neuron benchmark (``snnjax.bench.neuron``): multi-step LIF / PLIF forward + backward.
 
     SJ_LIF_CUDA_IMPLEMENTATION=triton python snnjax/bench/spikingjelly_lif.py --device cuda --backend triton
 
 A peer (``snnjax.bench.peer``) running ``LIFNode(step_mode='m')`` with its defaults (tau 2, Sigmoid(4), hard
-reset to 0). Requests: ``{"op": "setup", "T": t}`` builds the inputs of ``workload.lif_inputs`` (the numbers
-ours get), warms up and answers the spike count and the gradient's L2 norm; ``{"op": "time"}`` computes the
-spikes and ``x.grad`` for the cotangent dS ``--inner`` times (one device sync at the end) and answers the
-milliseconds per call. On a GPU, SpikingJelly picks its CUDA implementation from the environment variable
-``SJ_LIF_CUDA_IMPLEMENTATION`` (auto, cuda, triton, torch): one peer per backend. Run as a script, never
-with JAX: it imports its siblings ``peer`` and ``workload`` directly.
+reset to 0), or ``ParametricLIFNode(init_tau=2.0)`` (``--neuron PLIF``; its ``w.grad`` is answered too).
+Requests: ``{"op": "setup", "T": t}`` builds the inputs of ``workload.lif_inputs`` (the numbers ours get), warms
+up and answers the spike count and the gradient's L2 norm; ``{"op": "time"}`` computes the spikes and ``x.grad``
+for the cotangent dS ``--inner`` times (one device sync at the end) and answers the milliseconds per call. On a
+GPU, SpikingJelly picks its CUDA implementation from the environment variable ``SJ_LIF_CUDA_IMPLEMENTATION`` /
+``SJ_PLIF_CUDA_IMPLEMENTATION`` (auto, cuda, triton, torch): one peer per backend. Run as a script, never with
+JAX: it imports its siblings ``peer`` and ``workload`` directly.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def run(functional, node, x, ds):
     """One training-shaped call: fresh state, spikes of ``x``, ``x.grad`` for the cotangent ``ds``."""
     functional.reset_net(node)
     x.grad = None
+    node.zero_grad(set_to_none=True)
     spikes = node(x)
     spikes.backward(ds)
     return spikes
@@ -38,7 +40,8 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, default=16384)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--inner", type=int, default=1, help="calls per timed repetition (one sync at its end)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
@@ -55,7 +58,8 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    node = neuron.LIFNode(tau=2.0, step_mode="m")
+    node = (neuron.ParametricLIFNode(init_tau=2.0, step_mode="m") if args.neuron == "PLIF"
+            else neuron.LIFNode(tau=2.0, step_mode="m")).to(dev)
     held = {}
 
     def setup(request: dict) -> dict:
@@ -67,7 +71,8 @@ def main(argv=None) -> None:
             spikes = run(functional, node, x, ds)
         sync()
         held.update(x=x, ds=ds)
-        return {"spikes": float(spikes.detach().double().sum()), "dx_norm": float(x.grad.double().norm())}
+        out = {"spikes": float(spikes.detach().double().sum()), "dx_norm": float(x.grad.double().norm())}
+        return {**out, "dw": float(node.w.grad)} if args.neuron == "PLIF" else out
 
     def timed(_request: dict) -> dict:
         def calls():
@@ -79,7 +84,7 @@ def main(argv=None) -> None:
 
     ready = {"backend": args.backend, "device": args.device, "inner": args.inner, "torch_version": torch.__version__,
              "spikingjelly_version": importlib.metadata.version("spikingjelly"),
-             "implementation": os.environ.get("SJ_LIF_CUDA_IMPLEMENTATION", "auto"),
+             "implementation": os.environ.get(f"SJ_{args.neuron}_CUDA_IMPLEMENTATION", "auto"), "neuron": args.neuron,
              "torch_threads": torch.get_num_threads(), "keep_freed_memory": args.keep_freed_memory}
     peer.serve({"setup": setup, "time": timed}, ready)
 

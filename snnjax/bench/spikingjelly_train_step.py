@@ -1,10 +1,14 @@
 """SpikingJelly's side of the train-step comparisons (``snnjax.bench.train_step``, ``snnjax.bench.distributed``).
 
     python snnjax/bench/spikingjelly_train_step.py --model cifar10dvs_vgg --T 4 --batch-size 8 [--width-div K]
-        [--image-size P] [--device cpu|cuda] [--backend torch|cupy] [--threads N] [--warmup W]
+        [--image-size P] [--device cpu|cuda] [--backend torch|triton|cuda|auto] [--dtype float32|bfloat16]
+        [--threads N] [--warmup W]
 
 A peer (``snnjax.bench.peer``): it builds the model, warms up, prints its ``ready`` line (versions, threads,
-backend, parameter count, first loss) and then runs one timed step per ``time`` request. Needs torch and
+backend, parameter count, first loss) and then runs one timed step per ``time`` request. ``--backend`` on CUDA
+sets every neuron's ``SJ_<NEURON>_CUDA_IMPLEMENTATION`` (SpikingJelly 2.0.0 picks its neuron kernels from these
+when it is imported; ``auto`` prefers ``cuda``, then ``triton``); on a CPU only ``torch`` exists.
+``--dtype bfloat16`` runs forward and loss under ``torch.autocast(dtype=torch.bfloat16)``. Needs torch and
 spikingjelly, never JAX: it is run as a script and imports its siblings ``peer`` and ``workload`` directly.
 
 Models (float32, multi-step mode, the architecture of ``workload.architecture``): ``cifar10dvs_vgg``:
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 
 import numpy as np
 
@@ -32,6 +37,10 @@ if __package__:  # imported as snnjax.bench.spikingjelly_train_step
 else:  # run as a script: its folder is sys.path[0], and the snnjax package (which imports JAX) stays out
     import peer
     import workload
+
+# SpikingJelly 2.0.0's neurons with selectable CUDA implementations (its ``_ops`` packages)
+NEURON_IMPLEMENTATIONS = ("IF", "LIF", "PLIF", "QIF", "EIF", "IZHIKEVICH", "ILIF", "CLIF", "STBIF",
+                          "ACTIVATION_AWARE_IF")
 
 
 def _vgg(arch: dict):
@@ -160,13 +169,20 @@ def main(argv=None) -> None:
     p.add_argument("--width-div", type=int, default=1)
     p.add_argument("--image-size", type=int)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--backend", default="torch", choices=["torch", "cupy"], help="the neurons' backend")
+    p.add_argument("--backend", default="torch", choices=["torch", "triton", "cuda", "auto"],
+                   help="the neurons' CUDA implementation (torch on a CPU)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the ready line")
     args = p.parse_args(argv)
 
+    if args.device == "cuda":
+        for name in NEURON_IMPLEMENTATIONS:
+            os.environ[f"SJ_{name}_CUDA_IMPLEMENTATION"] = args.backend
+    elif args.backend != "torch":
+        p.error(f"--backend {args.backend} needs --device cuda: on a CPU SpikingJelly runs its torch reference")
     import torch
-    from spikingjelly.activation_based import functional, neuron
+    from spikingjelly.activation_based import functional
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -174,18 +190,17 @@ def main(argv=None) -> None:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     arch = workload.architecture(args.model, args.T, args.width_div, args.image_size)
     net, convert = build(args.model, arch)
-    for m in net.modules():
-        if isinstance(m, neuron.BaseNode):
-            m.backend = args.backend
     net.to(dev).train()
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     x_np, y_np = workload.make_batch(args.model, args.batch_size, args.T, image_size=args.image_size)
     x, y = convert(x_np).to(dev), torch.from_numpy(y_np).long().to(dev)
 
     def step() -> float:
         functional.reset_net(net)
-        logits = net(x)  # [T, N, classes]; SpikingJelly's transformers return their time mean [N, classes]
-        loss = torch.nn.functional.cross_entropy(logits.mean(0) if logits.ndim == 3 else logits, y)
+        with autocast:
+            logits = net(x)  # [T, N, classes]; SpikingJelly's transformers return their time mean [N, classes]
+            loss = torch.nn.functional.cross_entropy(logits.mean(0) if logits.ndim == 3 else logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -200,7 +215,7 @@ def main(argv=None) -> None:
              "batch_size": args.batch_size, "T": args.T, "loss": first_loss,
              "num_params": sum(q.numel() for q in net.parameters()), "device": args.device,
              "device_name": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-             "backend": args.backend, "optimizer": "adam", "torch_version": torch.__version__,
+             "backend": args.backend, "dtype": args.dtype, "optimizer": "adam", "torch_version": torch.__version__,
              "spikingjelly_version": importlib.metadata.version("spikingjelly"),
              "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads()}
     peer.serve({"time": lambda _: {"ms": peer.timed_ms(step)}}, ready)

@@ -2,12 +2,14 @@
 
     python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer,sew_resnet18,
         spiking_resnet18,dvsgesture_plif,ms_resnet18} --batch-size N --T T
-        [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
-        [--compare-spikingjelly] [--sj-python PATH] [--out FILE.jsonl]
+        [--dtype float32|bfloat16] [--image-size P] [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
+        [--compare-spikingjelly] [--sj-python PATH] [--sj-backends B ...] [--out FILE.jsonl]
     python -m snnjax.bench.train_step --config configs/X.py [--num-classes C] [--batch-size N] [--T T] ...
 
-Models at full size (``snnjax.bench.workload``), float32, synthetic data, Adam (lr 1e-3), cross-entropy of
-the time-mean logits:
+Models at full size (``snnjax.bench.workload``; ``--image-size`` replaces the frames' side), synthetic data,
+Adam (lr 1e-3), cross-entropy of the time-mean logits, in float32 or ``--dtype bfloat16`` (activations and
+neuron inputs in bfloat16, parameters and optimizer state in float32, as ``train.py``'s ``dtype`` does;
+SpikingJelly's side runs under ``torch.autocast(dtype=torch.bfloat16)``, its documented mixed precision):
 - ``cifar10dvs_vgg``: SpikingJelly's CIFAR10DVSVGG widths, event frames ``[T, N, 48, 48, 2]``;
 - ``spikformer_ti``: 256 dims, depth 4, 8 heads, 10 classes, a static ``32 x 32 x 3`` image repeated T times;
 - ``mlp``: the spiking MLP 64 -> 256 -> 10 on 8 x 8 digits-like inputs ``[T, N, 64]``;
@@ -27,15 +29,18 @@ example shape.
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps
 the CPU convolution (``snnjax.layers.conv_cpu``) for ``lax.conv_general_dilated`` to measure what it
-gains. Reported: compile seconds (lower + compile) and the median / min milliseconds of ``--steps``
+gains. Reported: compile seconds (lower + compile), the compiled step's peak memory (``memory_analysis``:
+arguments + non-aliased outputs + temporaries, ``peak_bytes``) and the median / min milliseconds of ``--steps``
 steps after ``--warmup``, each ended by ``block_until_ready``.
 ``--compare-spikingjelly`` runs SpikingJelly's own model (``snnjax.bench.spikingjelly_train_step``,
 multi-step mode, ``torch.optim.Adam``, one device) in a process of ``--sj-python`` kept alive beside ours
 (``snnjax.bench.peer``): the two sides' steps alternate repetition by repetition. Its neuron backends: torch
-on a CPU; cupy and torch on a GPU, the fastest compared. torch gets ``--sj-threads`` threads (default: the
+on a CPU; triton and torch on a GPU, the fastest compared. torch gets ``--sj-threads`` threads (default: the
 cores XLA's CPU pool uses); the record carries both sides' thread counts, torch's and SpikingJelly's
-versions, the backend, and the ratio SpikingJelly ms / ours (above 1: we are faster). ``--out`` appends one
-JSON line.
+versions, the backend, and the ratio SpikingJelly ms / ours (above 1: we are faster). SpikingJelly 2.0.0's neuron
+backends are its CUDA implementations (``SJ_<NEURON>_CUDA_IMPLEMENTATION``): ``triton`` and ``torch`` on a GPU
+(``auto`` prefers its native ``cuda`` one, built only from source), ``torch`` on a CPU; it has no CuPy backend.
+``--out`` appends one JSON line.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from snnjax.bench.common import (
     append_jsonl,
     default_sj_backends,
     git_commit,
+    ready_peers,
     spikingjelly_fields,
     start_spikingjelly_steps,
 )
@@ -71,8 +77,10 @@ def build_model(model: str, t: int, rngs, *, dtype=None, param_dtype=None, width
     return create_model(name, {**kwargs, **overrides}, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
-def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrides):
-    """``(step, state)``: ``step(state, batch) -> (state, metrics)``, the jitted train step with the state donated.
+def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", dtype: str = "float32",
+              image_size: int | None = None, **overrides):
+    """``(step, state)``: ``step(state, batch) -> (state, metrics)``, the jitted train step with the state donated;
+    ``dtype`` the compute dtype (parameters stay float32).
 
     ``conv="xla"`` makes every ``Conv2d`` call ``lax.conv_general_dilated`` (XLA's own gradients) instead of
     the layer's default (``snnjax.layers.conv_cpu`` on a CPU).
@@ -86,7 +94,8 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrid
     from snnjax.layers.conv_cpu import compiler_options
     from snnjax.train import step as S
 
-    net = build_model(model, t, nnx.Rngs(params=0, dropout=1), **overrides)
+    net = build_model(model, t, nnx.Rngs(params=0, dropout=1), dtype=jnp.dtype(dtype), image_size=image_size,
+                      **overrides)
     if conv == "xla":
         for _, module in nnx.iter_graph(net):
             if isinstance(module, Conv2d):
@@ -95,19 +104,19 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", **overrid
     tx = optax.adam(1e-3)
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
                          opt_state=tx.init(params))
-    cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum)
+    cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum, compute_dtype=jnp.dtype(dtype))
     return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
                    compiler_options=compiler_options((state, cfg.compute_dtype))), state
 
 
 def prepare_ours(model: str, batch: int, t: int, grad_accum: int, warmup: int, conv: str = "auto",
-                 **overrides) -> tuple:
+                 dtype: str = "float32", image_size: int | None = None, **overrides) -> tuple:
     """``(one_step, info)``: ``one_step()`` runs our compiled step once (blocking) on the benchmark batch, after
-    ``warmup`` untimed steps; ``info`` has the compile seconds, the first loss and the parameter count."""
+    ``warmup`` untimed steps; ``info`` has the compile seconds, peak bytes, the first loss and the parameter count."""
     import jax
 
-    step, state = make_step(model, t, grad_accum, conv, **overrides)
-    x, y = make_batch(model, batch, t)
+    step, state = make_step(model, t, grad_accum, conv, dtype, image_size, **overrides)
+    x, y = make_batch(model, batch, t, image_size=image_size)
     return compile_and_warm(step, state, {"inputs": jax.numpy.asarray(x), "labels": jax.numpy.asarray(y)}, warmup)
 
 
@@ -160,9 +169,12 @@ def compile_and_warm(step, state, data, warmup: int) -> tuple:
     """``(one_step, info)`` of a jitted ``step(state, data)``: compiled, run once for the loss, ``warmup - 1`` more."""
     import jax
 
+    from snnjax.train.memory_search import peak_bytes
+
     start = time.perf_counter()
     compiled = step.lower(state, data).compile()
-    info = {"compile_s": time.perf_counter() - start,
+    peak, temp = peak_bytes(compiled)
+    info = {"compile_s": time.perf_counter() - start, "peak_bytes": peak, "temp_bytes": temp,
             "num_params": int(sum(p.size for p in jax.tree.leaves(state.params)))}
     holder = {"state": state}
 
@@ -170,6 +182,7 @@ def compile_and_warm(step, state, data, warmup: int) -> tuple:
         holder["state"], metrics = jax.block_until_ready(compiled(holder["state"], data))
         return metrics
 
+    one_step.compiled = compiled  # for a profile's time split (``--profile``)
     info["loss"] = float(one_step()["loss"])
     for _ in range(max(warmup - 1, 0)):
         one_step()
@@ -192,6 +205,10 @@ def main(argv=None) -> dict:
     p.add_argument("--num-classes", type=int, help="with --config: the full dataset's number of classes")
     p.add_argument("--batch-size", type=int, default=None, help="default 8 (--config: its global_batch_size)")
     p.add_argument("--T", type=int, default=None, help="default 4 (--config: its data.time_steps)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="compute dtype (parameters and optimizer state stay float32)")
+    p.add_argument("--image-size", type=int, help="the frames' side (default: the model's, see workload)")
+    p.add_argument("--width-div", type=int, default=1, help="divide every hidden width (1: the full model)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
@@ -201,14 +218,19 @@ def main(argv=None) -> dict:
     p.add_argument("--sj-python", default=sys.executable, help="Python with torch and spikingjelly")
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],
                    help="torch.set_num_threads for SpikingJelly (default: the cores XLA's CPU pool uses)")
-    p.add_argument("--sj-backends", nargs="+", choices=["torch", "cupy"],
-                   help="SpikingJelly neuron backends (default: torch on a CPU, cupy and torch on a GPU)")
+    p.add_argument("--sj-backends", nargs="+", choices=["torch", "triton", "cuda", "auto"],
+                   help="SpikingJelly neuron backends (default: torch on a CPU; on a GPU triton and torch in float32, "
+                        "auto in bfloat16, where SpikingJelly runs its torch reference)")
+    p.add_argument("--profile", metavar="DIR", help="after timing, trace one more step of ours with jax.profiler "
+                   "into DIR; the record gets the trace's path and its time split by op kind")
     p.add_argument("--out", help="append one JSON line to this file")
     args = p.parse_args(argv)
     if (args.model is None) == (args.config is None):
         p.error("give --model or --config")
-    if args.config and (args.compare_spikingjelly or args.conv != "auto" or args.grad_accum != 1):
-        p.error("--config times the config's own step: no --compare-spikingjelly, --conv or --grad-accum")
+    if args.config and (args.compare_spikingjelly or args.conv != "auto" or args.grad_accum != 1
+                        or args.dtype != "float32" or args.image_size or args.width_div != 1):
+        p.error("--config times the config's own step: no --compare-spikingjelly, --conv, --grad-accum, --dtype, "
+                "--image-size or --width-div")
     if args.config:
         return main_config(args)
     args.batch_size, args.T = args.batch_size or 8, args.T or 4
@@ -220,28 +242,41 @@ def main(argv=None) -> dict:
 
     device = jax.devices()[0]
     load = os.getloadavg()[0]
-    one_step, info = prepare_ours(args.model, args.batch_size, args.T, args.grad_accum, args.warmup, args.conv)
-    timers, peers, errors = {"ours": lambda: timed_ms(one_step)}, {}, {}
-    if args.compare_spikingjelly:
+    peers, errors = {}, {}
+    if args.compare_spikingjelly:  # started first: SpikingJelly warms up while ours compiles
         peers, errors = start_spikingjelly_steps(
-            args.sj_python, args.sj_backends or default_sj_backends(device.platform), model=args.model,
-            batch=args.batch_size, t=args.T, threads=args.sj_threads, warmup=args.warmup, platform=device.platform)
-        timers.update({f"sj:{b}": peer.time_once for b, peer in peers.items()})
+            args.sj_python, args.sj_backends or default_sj_backends(device.platform, args.dtype), model=args.model,
+            batch=args.batch_size, t=args.T, width_div=args.width_div, image_size=args.image_size,
+            threads=args.sj_threads, warmup=args.warmup, platform=device.platform, dtype=args.dtype, wait=False)
+    try:
+        one_step, info = prepare_ours(args.model, args.batch_size, args.T, args.grad_accum, args.warmup, args.conv,
+                                      args.dtype, args.image_size, width_div=args.width_div)
+        peers, errors = ready_peers(peers, errors)
+    except BaseException:
+        for peer in peers.values():
+            peer.close()
+        raise
+    timers = {"ours": lambda: timed_ms(one_step), **{f"sj:{b}": peer.time_once for b, peer in peers.items()}}
     try:
         times = interleave(timers, args.steps)
     finally:
         for peer in peers.values():
             peer.close()
     ours = {"median_ms": statistics.median(times["ours"]), "min_ms": min(times["ours"]), **info}
+    if args.profile:
+        ours.update(profile_step(one_step, args.profile))
+    ours["samples_per_s"] = round(args.batch_size * 1000 / ours["median_ms"], 2)
     rec = {"bench": "train_step", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device_kind": device.device_kind,
-           "platform": device.platform, "model": args.model, "input_shape": [args.T, args.batch_size,
-                                                                            *input_shape(args.model)],
-           "T": args.T, "batch": args.batch_size, "grad_accum": args.grad_accum, "dtype": "float32",
+           "platform": device.platform, "model": args.model,
+           "input_shape": [args.T, args.batch_size, *input_shape(args.model, args.image_size)],
+           "T": args.T, "batch": args.batch_size, "grad_accum": args.grad_accum, "dtype": args.dtype,
+           "width_div": args.width_div,
            "step": "train_step", "conv": args.conv, "optimizer": "adam", **ours, "steps": args.steps,
            "warmup": args.warmup, "threads": thread_info(), "load_avg": load, "jax_version": jax.__version__,
            "git_commit": git_commit()}
-    line = (f"{args.model} N={args.batch_size} T={args.T} accum={args.grad_accum} conv={args.conv}: "
-            f"ours {ours['median_ms']:.1f} ms (min {ours['min_ms']:.1f}, compile {ours['compile_s']:.1f} s)")
+    line = (f"{args.model} N={args.batch_size} T={args.T} {args.dtype} accum={args.grad_accum} conv={args.conv}: "
+            f"ours {ours['median_ms']:.1f} ms (min {ours['min_ms']:.1f}, compile {ours['compile_s']:.1f} s, "
+            f"peak {ours['peak_bytes'] / 2**30:.2f} GiB)")
     if args.compare_spikingjelly:
         rec.update(spikingjelly_fields(peers, times, ours["median_ms"], args.batch_size, errors))
         line += "; " + sj_summary(rec)
@@ -249,6 +284,18 @@ def main(argv=None) -> dict:
     print(line + f"; load {rec['load_avg']:.1f}-{rec['load_avg_end']:.1f}", flush=True)
     append_jsonl(args.out, rec)
     return rec
+
+
+def profile_step(one_step, directory: str) -> dict:
+    """Trace one more step into ``directory``: ``{"profile_trace": path, "time_split_ms": {kind: ms}}``."""
+    from snnjax.train import profiling
+
+    profiler = profiling.StepProfiler((1, 1), directory)
+    profiler.before(1)
+    profiler.after(1, one_step())
+    split = profiling.time_split(profiler.trace, one_step.compiled.as_text())
+    print(f"profile: {profiler.trace} ({profiling.format_split(split)})", flush=True)
+    return {"profile_trace": str(profiler.trace), "time_split_ms": split}
 
 
 def main_config(args) -> dict:

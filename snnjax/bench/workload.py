@@ -97,3 +97,29 @@ def lif_inputs(t: int, batch: int, features: int) -> tuple[np.ndarray, np.ndarra
     x = rng.standard_normal(shape, dtype=np.float32)
     x += 0.5
     return x, rng.standard_normal(shape, dtype=np.float32)
+
+
+# The peers' benchmark (``snnjax.bench.peers``): a layer (``Linear(N, N)`` or a 3x3 ``Conv2d(N, N)``, padding 1)
+# followed by LIF, loss = the spike sum, its gradient with respect to the weight and the input.
+PEER_WORKLOADS = ("linear", "conv")
+# The LIF neuron of the comparison in SpikingJelly's terms (its ``LIFNode`` defaults, surrogate Sigmoid(alpha)).
+PEER_LIF = {"tau": 2.0, "decay_input": True, "v_threshold": 1.0, "v_reset": 0.0, "detach_reset": False,
+            "sigmoid_alpha": 4.0}
+
+
+def peer_problem(workload: str, t: int, batch: int, n: int, image_size: int = 16) -> dict[str, np.ndarray]:
+    """Float32 arrays in snnjax's layouts: ``x`` ``[T, B, N]`` (linear) or ``[T, B, H, W, N]`` (conv, H = W =
+    ``image_size``), ``kernel`` ``[N, N]`` (in, out) or ``[3, 3, N, N]`` (HWIO), ``bias`` ``[N]``.
+
+    x is N(0, 1); the kernel N(0, 1.5^2 / fan_in), so the pre-activations have a standard deviation near 1.5 and
+    about a fifth of the neuron-steps fire; the bias N(0, 0.1^2). Seeded by the sizes."""
+    if workload not in PEER_WORKLOADS:
+        raise ValueError(f"workload must be one of {PEER_WORKLOADS}, got {workload!r}")
+    rng = np.random.default_rng([t, batch, n, image_size, PEER_WORKLOADS.index(workload)])
+    conv = workload == "conv"
+    x_shape = (t, batch, image_size, image_size, n) if conv else (t, batch, n)
+    k_shape = (3, 3, n, n) if conv else (n, n)
+    fan_in = 9 * n if conv else n
+    return {"x": rng.standard_normal(x_shape, dtype=np.float32),
+            "kernel": (rng.standard_normal(k_shape, dtype=np.float32) * np.float32(1.5 / np.sqrt(fan_in))),
+            "bias": rng.standard_normal(n, dtype=np.float32) * np.float32(0.1)}

@@ -33,10 +33,11 @@ import io
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from snnjax.data.event_folder import EventFolderSource, event_settings, require_dir
+from snnjax.data.event_folder import EventFolderSource, dataset_root, event_settings, require_dir
 from snnjax.data.events import Events, check_events
 
 CIFAR10DVS_CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
@@ -101,6 +102,15 @@ def read_cifar10dvs_aedat(path: str | os.PathLike) -> Events:
     return check_events(path, events, *CIFAR10DVS_SIZE)
 
 
+def check_split(dataset: str, split: str, train_ratio: float) -> None:
+    """``ValueError`` unless ``split`` is ``"train"``, ``"test"`` or ``"all"`` and ``0 < train_ratio <= 1`` (the
+    datasets split by ratio: cifar10dvs, ncaltech101)."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"{dataset} split must be 'train', 'test' or 'all', got {split!r}")
+    if not 0.0 < train_ratio <= 1.0:
+        raise ValueError(f"train_ratio must be in (0, 1], got {train_ratio}")
+
+
 def split_files_by_ratio(files_per_class: list[list[Path]], split: str,
                          train_ratio: float) -> tuple[list[Path], list[int]]:
     """SpikingJelly's ``split_to_train_test_set`` (``random_split=False``) on per-class file lists."""
@@ -115,11 +125,7 @@ def split_files_by_ratio(files_per_class: list[list[Path]], split: str,
 
 def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
                       size: int | tuple[int, int] | None = None, train_ratio: float = 0.9,
-                      split_by: str | None = None, duration: int | None = None,
-                      flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
-                      roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
-                      nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
-                      cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
+                      **options: Any) -> EventFolderSource:
     """CIFAR10-DVS frames ``[n, T, h, w, 2]`` (event counts, area-averaged if resized).
 
     Args:
@@ -128,16 +134,12 @@ def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_st
       time_steps: ``T``, frames per example (equal event counts per frame).
       size: ``None`` for 128x128, an int or ``(h, w)`` to area-resize to.
       train_ratio: fraction of each class (first files by name) in ``"train"``.
-      split_by, duration, the augmentations, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
-      cache_dir, cache: see :class:`EventFolderSource`.
+      options: the event datasets' keywords, :data:`snnjax.data.event_folder.EVENT_OPTIONS` (``split_by``,
+        ``duration``, the augmentations, ``num_workers``, ``cache_dir``, ``cache``).
     """
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"cifar10dvs split must be 'train', 'test' or 'all', got {split!r}")
-    if not 0.0 < train_ratio <= 1.0:
-        raise ValueError(f"train_ratio must be in (0, 1], got {train_ratio}")
-    if data_dir is None:
-        raise ValueError(f"cifar10dvs needs data_dir. {_HINT}")
-    root = require_dir(Path(data_dir), "cifar10dvs", _HINT)
+    check_split("cifar10dvs", split, train_ratio)
+    settings = event_settings("cifar10dvs", split, time_steps, options)  # options checked first
+    root = dataset_root("cifar10dvs", data_dir, _HINT)
     files_per_class = []
     for name in CIFAR10DVS_CLASS_NAMES:
         class_dir = require_dir(root / name, "cifar10dvs", _HINT)
@@ -146,12 +148,6 @@ def cifar10dvs_source(split: str, *, data_dir: str | os.PathLike | None, time_st
     files, labels = split_files_by_ratio(files_per_class, split, train_ratio)
     if not files:
         raise FileNotFoundError(f"cifar10dvs: no .aedat files for split {split!r} under {root}. {_HINT}")
-    if isinstance(size, int):
-        size = (size, size)
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
-                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
-                                   temporal_delete=temporal_delete)
-    return EventFolderSource(root, files, labels, reader=read_cifar10dvs_aedat,
-                             sensor_size=CIFAR10DVS_SIZE, num_classes=10, frames=spec,
-                             size=size, cache_dir=cache_dir, cache=cache, augment=augment,
-                             num_workers=num_workers, name="cifar10dvs")
+    return EventFolderSource(root, files, labels, reader=read_cifar10dvs_aedat, sensor_size=CIFAR10DVS_SIZE,
+                             num_classes=10, size=size, name="cifar10dvs",
+                             **settings)

@@ -36,10 +36,11 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from snnjax.data.event_folder import EventFolderSource, event_settings
+from snnjax.data.event_folder import EventFolderSource, dataset_root, event_settings
 from snnjax.data.events import Events, check_events
 
 GESTURE_SIZE = (128, 128)
@@ -204,39 +205,26 @@ def gesture_samples(root: Path, split: str) -> list[tuple[Path, int, int, int, s
 
 
 def dvs128_gesture_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 16,
-                          split_by: str | None = None, duration: int | None = None, size: int | None = None,
-                          flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
-                          roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
-                          nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
-                          cache_dir: str | os.PathLike | None = None, cache: bool = True) -> DVS128GestureSource:
+                          size: int | None = None, **options: Any) -> DVS128GestureSource:
     """DVS128 Gesture frames ``[n, T, h, w, 2]`` (event counts), labels 0..10.
 
     Args:
       split: ``"train"`` or ``"test"``.
       data_dir: the ``DvsGesture`` folder, or the folder holding it.
       time_steps: ``T``.
-      split_by: ``"number"`` (default), ``"time"`` or ``"duration"`` (with ``duration`` in microseconds).
       size: area-resize frames to ``size x size`` (None: 128x128).
-      flip, translate, crop_scale, roll, rotate, cutout, nda, temporal_delete: training augmentations, off by
-        default (:class:`~snnjax.data.augment.EventAugment`); ``temporal_delete`` keeps that many of the ``T``
-        frames, so training examples are ``[temporal_delete, h, w, 2]`` (the test split keeps all ``T``).
-      num_workers: threads decoding a batch.
-      cache_dir, cache: see :class:`EventFolderSource`.
+      options: the event datasets' keywords, :data:`snnjax.data.event_folder.EVENT_OPTIONS`: ``split_by``
+        (``"number"``, the default, ``"time"`` or ``"duration"``, with ``duration`` in microseconds), the
+        training augmentations ``flip``, ``translate``, ``crop_scale``, ``roll``, ``rotate``, ``cutout``, ``nda``,
+        ``temporal_delete``, off by default (:class:`~snnjax.data.augment.EventAugment`; ``temporal_delete`` keeps
+        that many of the ``T`` frames, so training examples are ``[temporal_delete, h, w, 2]``, the test split
+        keeping all ``T``), ``num_workers`` (threads decoding a batch), ``cache_dir`` and ``cache`` (see
+        :class:`EventFolderSource`).
 
     A custom integrator: ``dvs128_gesture_source(...).with_frames(FrameSpec(T, integrator=f))``.
     """
     if split not in _SPLIT_FILES:
         raise ValueError(f"dvs128_gesture split must be one of {tuple(_SPLIT_FILES)}, got {split!r}")
-    if data_dir is None:
-        raise ValueError(f"dvs128_gesture needs data_dir. {_HINT}")
-    root = Path(data_dir)
-    if (root / "DvsGesture").is_dir():
-        root = root / "DvsGesture"
-    if not root.is_dir():
-        raise FileNotFoundError(f"dvs128_gesture: directory {root} not found. {_HINT}")
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
-                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
-                                   temporal_delete=temporal_delete)
-    return DVS128GestureSource(root, gesture_samples(root, split), frames=spec,
-                               size=None if size is None else (size, size), cache_dir=cache_dir, cache=cache,
-                               augment=augment, num_workers=num_workers)
+    settings = event_settings("dvs128_gesture", split, time_steps, options)  # options checked first
+    root = dataset_root("dvs128_gesture", data_dir, _HINT, "DvsGesture")
+    return DVS128GestureSource(root, gesture_samples(root, split), size=size, **settings)

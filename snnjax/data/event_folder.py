@@ -18,11 +18,13 @@ counted on the first miss and a ``tqdm`` bar follows them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -46,7 +48,7 @@ class EventFolderSource(AugmentedFrames):
       num_classes: number of classes.
       time_steps: ``T``, the number of frames per example (with the default ``split_by='number'``).
       frames: the integration (overrides ``time_steps``); see :class:`FrameSpec`.
-      size: optional ``(h, w)`` to area-resize frames to; ``None`` keeps ``(H, W)``.
+      size: optional ``(h, w)`` (an int: square) to area-resize frames to; ``None`` keeps ``(H, W)``.
       cache_dir: folder that holds the cache subfolder (default ``root``).
       cache: whether to read and write the frame cache.
       augment: per-example augmentation applied when the loader passes keys (training); with its
@@ -58,7 +60,7 @@ class EventFolderSource(AugmentedFrames):
     def __init__(self, root: Path, files: Sequence[Path], labels: Sequence[int], *,
                  reader: Callable[[Path], Events], sensor_size: tuple[int, int], num_classes: int,
                  time_steps: int | None = None, frames: FrameSpec | None = None,
-                 size: tuple[int, int] | None = None, cache_dir: str | os.PathLike | None = None,
+                 size: int | tuple[int, int] | None = None, cache_dir: str | os.PathLike | None = None,
                  cache: bool = True, augment: EventAugment | None = None, num_workers: int = 1,
                  name: str = "events"):
         if frames is None:
@@ -71,6 +73,8 @@ class EventFolderSource(AugmentedFrames):
         self.reader = reader
         self.spec = frames
         self.sensor_size = tuple(sensor_size)
+        if isinstance(size, int):
+            size = (size, size)
         self.size = self.sensor_size if size is None else (int(size[0]), int(size[1]))
         self.num_classes = int(num_classes)
         self.augment = augment if augment is not None and augment.active else None
@@ -191,6 +195,34 @@ class EventFolderSource(AugmentedFrames):
                 pass
 
 
+# The keywords every event-file dataset (nmnist, cifar10dvs, dvs128_gesture, ncaltech101) takes besides its own,
+# with the type the training config holds each as (``data.options.<name>``): the frame integration
+# (``split_by``: "number" (unset), "time" or "duration", with ``duration`` in microseconds; FrameSpec), the
+# training augmentations (EventAugment's fields, off when unset; ``temporal_delete`` keeps that many of the ``T``
+# frames), the threads decoding a batch (``num_workers``, 1) and the frame cache (``cache_dir``, ``cache``: see
+# EventFolderSource; the cache is on unless ``cache=False``).
+EVENT_OPTIONS: dict[str, type] = {
+    "split_by": str, "duration": int, "temporal_delete": int, "num_workers": int, "flip": bool, "translate": int,
+    "crop_scale": float, "roll": int, "rotate": float, "cutout": int, "nda": bool, "cache_dir": str, "cache": bool}
+_AUGMENT = tuple(f.name for f in dataclasses.fields(EventAugment))
+
+
+def dataset_root(dataset: str, data_dir: str | os.PathLike | None, hint: str, folder: str | None = None) -> Path:
+    """An event dataset's folder: ``data_dir``, or ``data_dir/folder`` where that exists (the folder its archive
+    unpacks to).
+
+    Raises:
+      ValueError: ``data_dir`` is None. FileNotFoundError: the folder does not exist (both naming ``dataset`` and
+      ``hint``, where to get the data).
+    """
+    if data_dir is None:
+        raise ValueError(f"{dataset} needs data_dir. {hint}")
+    root = Path(data_dir)
+    if folder is not None and (root / folder).is_dir():
+        root = root / folder
+    return require_dir(root, dataset, hint)
+
+
 def require_dir(path: Path, dataset: str, hint: str) -> Path:
     """``path`` if it is a directory, else a FileNotFoundError naming ``dataset`` and ``hint``."""
     if not path.is_dir():
@@ -198,15 +230,23 @@ def require_dir(path: Path, dataset: str, hint: str) -> Path:
     return path
 
 
-def event_settings(split: str, time_steps: int, split_by: str | None, duration: int | None,
-                   **augment: bool | int | float | None) -> tuple[FrameSpec, EventAugment | None]:
-    """The frame integration and (on ``"train"`` only) the augmentation the dataset options ask for.
+def event_settings(dataset: str, split: str, time_steps: int, options: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`EventFolderSource`'s keywords from ``frames`` on for an event dataset's ``options``
+    (:data:`EVENT_OPTIONS`; None or unset: the default): ``frames``, ``augment`` (on ``"train"`` only),
+    ``num_workers``, ``cache_dir`` and ``cache``.
 
-    ``augment``: :class:`EventAugment`'s fields (None: off), checked on every split (``temporal_delete``
-    against ``time_steps`` too) so a bad option fails whichever split is built first.
+    The augmentation is checked on every split (``temporal_delete`` against ``time_steps`` too), so a bad option
+    fails whichever split is built first. Raises ``TypeError`` naming an option ``dataset`` does not take.
     """
-    frames = FrameSpec(time_steps=time_steps, split_by=split_by or "number", duration=duration)
-    augment = EventAugment(**{k: v for k, v in augment.items() if v is not None})
+    unknown = sorted(set(options) - set(EVENT_OPTIONS))
+    if unknown:
+        raise TypeError(f"{dataset}_source() got unexpected keyword argument(s) {unknown}; the event datasets' "
+                        f"options: {list(EVENT_OPTIONS)}")
+    frames = FrameSpec(time_steps=time_steps, split_by=options.get("split_by") or "number",
+                       duration=options.get("duration"))
+    augment = EventAugment(**{k: options[k] for k in _AUGMENT if options.get(k) is not None})
     augment.time_steps(time_steps)
-    return frames, augment if split == "train" and augment.active else None
+    return {"frames": frames, "augment": augment if split == "train" and augment.active else None,
+            "num_workers": options.get("num_workers", 1), "cache_dir": options.get("cache_dir"),
+            "cache": options.get("cache", True)}
 

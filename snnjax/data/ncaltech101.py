@@ -19,10 +19,10 @@ class folders (``frames_*``, ``custom_*``), which are therefore not read as clas
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import Any
 
-from snnjax.data.cifar10dvs import split_files_by_ratio
-from snnjax.data.event_folder import EventFolderSource, event_settings
+from snnjax.data.cifar10dvs import check_split, split_files_by_ratio
+from snnjax.data.event_folder import EventFolderSource, dataset_root, event_settings
 from snnjax.data.events import Events
 from snnjax.data.nmnist import read_atis_bin
 
@@ -39,12 +39,7 @@ def read_ncaltech101_bin(path: str | os.PathLike) -> Events:
 
 def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
                        train_ratio: float = 0.9, background: bool | None = None,
-                       split_by: str | None = None, duration: int | None = None,
-                       size: int | tuple[int, int] | None = None,
-                       flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
-                       roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
-                       nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
-                       cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
+                       size: int | tuple[int, int] | None = None, **options: Any) -> EventFolderSource:
     """N-Caltech101 frames ``[n, T, h, w, 2]`` (event counts, area means if resized).
 
     Args:
@@ -53,21 +48,13 @@ def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_s
       time_steps: ``T``.
       train_ratio: fraction of each class (first files by name) in ``"train"``.
       background: keep ``BACKGROUND_Google`` as a class (default True, as SpikingJelly).
-      split_by, duration: the integration (``duration`` in microseconds); see :class:`FrameSpec`.
       size: an int or ``(h, w)`` to area-resize to (None: 180x240).
-      the augmentations, num_workers, cache_dir, cache: as :func:`dvs128_gesture_source`.
+      options: the event datasets' keywords, :data:`snnjax.data.event_folder.EVENT_OPTIONS` (``split_by``,
+        ``duration``, the augmentations, ``num_workers``, ``cache_dir``, ``cache``).
     """
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"ncaltech101 split must be 'train', 'test' or 'all', got {split!r}")
-    if not 0.0 < train_ratio <= 1.0:
-        raise ValueError(f"train_ratio must be in (0, 1], got {train_ratio}")
-    if data_dir is None:
-        raise ValueError(f"ncaltech101 needs data_dir. {_HINT}")
-    root = Path(data_dir)
-    if (root / "Caltech101").is_dir():
-        root = root / "Caltech101"
-    if not root.is_dir():
-        raise FileNotFoundError(f"ncaltech101: directory {root} not found. {_HINT}")
+    check_split("ncaltech101", split, train_ratio)
+    settings = event_settings("ncaltech101", split, time_steps, options)  # options checked first
+    root = dataset_root("ncaltech101", data_dir, _HINT, "Caltech101")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("frames_")
                      and not d.name.startswith("custom_"))
     if background is False:
@@ -81,11 +68,6 @@ def ncaltech101_source(split: str, *, data_dir: str | os.PathLike | None, time_s
     files, labels = split_files_by_ratio(files_per_class, split, train_ratio)
     if not files:
         raise FileNotFoundError(f"ncaltech101: no .bin files for split {split!r} under {root}. {_HINT}")
-    if isinstance(size, int):
-        size = (size, size)
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
-                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
-                                   temporal_delete=temporal_delete)
     return EventFolderSource(root, files, labels, reader=read_ncaltech101_bin, sensor_size=NCALTECH101_SIZE,
-                             num_classes=len(classes), frames=spec, size=size, cache_dir=cache_dir,
-                             cache=cache, augment=augment, num_workers=num_workers, name="ncaltech101")
+                             num_classes=len(classes), size=size, name="ncaltech101",
+                             **settings)

@@ -17,11 +17,11 @@ SpikingJelly's ``DatasetFolder``), and label = digit.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from snnjax.data.event_folder import EventFolderSource, event_settings, require_dir
+from snnjax.data.event_folder import EventFolderSource, dataset_root, event_settings, require_dir
 from snnjax.data.events import Events, check_events
 
 NMNIST_SIZE = (34, 34)
@@ -55,25 +55,20 @@ def read_atis_bin(path: str | os.PathLike, sensor_size: tuple[int, int]) -> Even
 
 
 def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 10,
-                  split_by: str | None = None, duration: int | None = None,
-                  flip: bool | None = None, translate: int | None = None, crop_scale: float | None = None,
-                  roll: int | None = None, rotate: float | None = None, cutout: int | None = None,
-                  nda: bool | None = None, temporal_delete: int | None = None, num_workers: int = 1,
-                  cache_dir: str | os.PathLike | None = None, cache: bool = True) -> EventFolderSource:
+                  **options: Any) -> EventFolderSource:
     """N-MNIST frames ``[n, T, 34, 34, 2]`` (event counts), labels = digit.
 
     Args:
       split: ``"train"`` or ``"test"``.
       data_dir: folder holding ``Train/`` and ``Test/``.
       time_steps: ``T``, frames per example (equal event counts per frame by default).
-      split_by, duration, the augmentations, num_workers: as :func:`snnjax.data.dvs128_gesture.dvs128_gesture_source`.
-      cache_dir, cache: see :class:`EventFolderSource`.
+      options: the event datasets' keywords, :data:`snnjax.data.event_folder.EVENT_OPTIONS` (``split_by``,
+        ``duration``, the augmentations, ``num_workers``, ``cache_dir``, ``cache``).
     """
     if split not in NMNIST_SPLITS:
         raise ValueError(f"nmnist split must be one of {tuple(NMNIST_SPLITS)}, got {split!r}")
-    if data_dir is None:
-        raise ValueError(f"nmnist needs data_dir. {_HINT}")
-    root = require_dir(Path(data_dir), "nmnist", _HINT)
+    settings = event_settings("nmnist", split, time_steps, options)  # options checked first
+    root = dataset_root("nmnist", data_dir, _HINT)
     split_dir = require_dir(root / NMNIST_SPLITS[split], "nmnist", _HINT)
     files, labels = [], []
     for digit in range(10):
@@ -83,9 +78,5 @@ def nmnist_source(split: str, *, data_dir: str | os.PathLike | None, time_steps:
         labels += [digit] * len(names)
     if not files:
         raise FileNotFoundError(f"nmnist: no .bin files under {split_dir}. {_HINT}")
-    spec, augment = event_settings(split, time_steps, split_by, duration, flip=flip, translate=translate,
-                                   crop_scale=crop_scale, roll=roll, rotate=rotate, cutout=cutout, nda=nda,
-                                   temporal_delete=temporal_delete)
     return EventFolderSource(root, files, labels, reader=read_nmnist_bin, sensor_size=NMNIST_SIZE,
-                             num_classes=10, frames=spec, cache_dir=cache_dir, cache=cache, augment=augment,
-                             num_workers=num_workers, name="nmnist")
+                             num_classes=10, name="nmnist", **settings)

@@ -42,6 +42,7 @@ from typing import Any
 from snnjax.data.cifar10dvs import cifar10dvs_source
 from snnjax.data.digits import digits_source
 from snnjax.data.dvs128_gesture import dvs128_gesture_source
+from snnjax.data.event_folder import EVENT_OPTIONS
 from snnjax.data.image_folder import image_folder_source
 from snnjax.data.ncaltech101 import ncaltech101_source
 from snnjax.data.nmnist import nmnist_source
@@ -75,25 +76,24 @@ def _tfds(name: str) -> Callable[..., Source]:
     return make
 
 
-_CACHE = {"cache_dir": str, "cache": bool}
-_FRAMES = {"split_by": str, "duration": int, "temporal_delete": int, "num_workers": int}
-_EVENTS = {**_FRAMES, "flip": bool, "translate": int, "crop_scale": float, "roll": int, "rotate": float,
-           "cutout": int, "nda": bool, **_CACHE}
+# shd / ssc: the integration, temporal_delete, decoding threads and the cache of the event datasets
+_HEIDELBERG = {k: EVENT_OPTIONS[k] for k in ("split_by", "duration", "temporal_delete", "num_workers", "cache_dir",
+                                              "cache")}
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(digits_source, reads_files=False, events=False,
                            options={"test_fraction": float, "seed": int}),
     "mnist": DatasetEntry(_tfds("mnist"), reads_files=True, events=False),
     "fashion_mnist": DatasetEntry(_tfds("fashion_mnist"), reads_files=True, events=False),
     "cifar10": DatasetEntry(_tfds("cifar10"), reads_files=True, events=False),
-    "nmnist": DatasetEntry(nmnist_source, reads_files=True, events=True, options=_EVENTS),
+    "nmnist": DatasetEntry(nmnist_source, reads_files=True, events=True, options=EVENT_OPTIONS),
     "cifar10dvs": DatasetEntry(cifar10dvs_source, reads_files=True, events=True,
-                               options={"size": int, "train_ratio": float, **_EVENTS}),
+                               options={"size": int, "train_ratio": float, **EVENT_OPTIONS}),
     "dvs128_gesture": DatasetEntry(dvs128_gesture_source, reads_files=True, events=True,
-                                   options={"size": int, **_EVENTS}),
+                                   options={"size": int, **EVENT_OPTIONS}),
     "ncaltech101": DatasetEntry(ncaltech101_source, reads_files=True, events=True,
-                                options={"size": int, "train_ratio": float, "background": bool, **_EVENTS}),
-    "shd": DatasetEntry(shd_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
-    "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options={**_FRAMES, **_CACHE}),
+                                options={"size": int, "train_ratio": float, "background": bool, **EVENT_OPTIONS}),
+    "shd": DatasetEntry(shd_source, reads_files=True, events=True, options=_HEIDELBERG),
+    "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options=_HEIDELBERG),
     "image_folder": DatasetEntry(image_folder_source, reads_files=True, events=False,
                                  options={"size": int, "flip": bool, "num_workers": int}),
     "synthetic_dvs": DatasetEntry(SyntheticDVSSource, reads_files=False, events=True,

@@ -21,13 +21,14 @@ Not carried by NIR, and refused with an error naming the layer: soft reset (``v_
 resets to a potential), max pooling (no node in NIR 1.0), models whose layer calls are not a chain
 (``snnjax.deploy.calls.layer_chain``: attention, residual blocks). NIR describes inference, so the
 surrogate gradient and ``detach_reset`` (which change only gradients) have no NIR field: they are written to each
-neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_alpha``, ``snnjax_detach_reset``), which
-``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
+neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_surrogate_params``: its keywords as JSON,
+``snnjax_detach_reset``), which ``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
 (``CubaLIF``, ``Delay``, ``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters,
 strided or padded pooling and graphs that are not a chain.
 """
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -165,7 +166,8 @@ def _neuron_node(name: str, node: BaseNode, shape: tuple[int, ...], dt: float):
         raise NIRError(f"{name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
                        "train with a hard reset (e.g. v_reset=0.0) to export")
     full = lambda v: np.full(shape, float(v))  # noqa: E731
-    meta = {"snnjax_surrogate": sg.name_of(cfg.surrogate), "snnjax_alpha": float(getattr(cfg.surrogate, "alpha", 0)),
+    meta = {"snnjax_surrogate": sg.name_of(cfg.surrogate),
+            "snnjax_surrogate_params": json.dumps(sg.params_of(cfg.surrogate)),
             "snnjax_detach_reset": int(cfg.detach_reset)}
     if cfg.kind == "IF":
         return nir.IF(r=full(1.0 / dt), v_threshold=full(cfg.v_threshold), v_reset=full(cfg.v_reset), metadata=meta)
@@ -214,8 +216,10 @@ def _training_settings(node) -> dict[str, Any]:
     meta = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (node.metadata or {}).items()}
     out = {}
     if "snnjax_surrogate" in meta:
-        alpha = float(meta.get("snnjax_alpha", 0)) or None
-        out["surrogate_function"] = sg.get(str(meta["snnjax_surrogate"]), alpha)
+        params = json.loads(meta.get("snnjax_surrogate_params", "{}"))
+        if isinstance(params.get("grad_window"), list):
+            params["grad_window"] = tuple(params["grad_window"])
+        out["surrogate_function"] = sg.get(str(meta["snnjax_surrogate"]), **params)
     if "snnjax_detach_reset" in meta:
         out["detach_reset"] = bool(int(meta["snnjax_detach_reset"]))
     return out

@@ -9,6 +9,7 @@ within ``TOLERANCE`` normwise relative error (``snnjax.neurons.compare.rel_error
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -40,6 +41,7 @@ from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import rel_error
 from snnjax.neurons.kernels import dispatch
 from snnjax.neurons.modules import BaseNode
+from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
 
 TOLERANCE = 1e-8
 # A parameter whose reference gradient is below this fraction of the whole gradient's norm is
@@ -48,14 +50,21 @@ TOLERANCE = 1e-8
 NEGLIGIBLE_GRAD = 1e-6
 
 
-def parse_surrogate(name: str) -> sg.Surrogate:
-    """A surrogate named in a reference file: a name of ``surrogate.SURROGATES``, then optionally its alpha.
+def parse_surrogate(spec: str | dict[str, Any]) -> sg.Surrogate:
+    """A surrogate named in a reference file: a name of ``surrogate.SURROGATES``, optionally followed by its alpha,
+    or a mapping of ``name`` and the class's keywords.
 
-    ``sigmoid4`` -> ``Sigmoid(alpha=4)``, ``atan2`` -> ``ATan(alpha=2)``, ``soft_sign`` -> ``SoftSign()``.
+    ``sigmoid4`` -> ``Sigmoid(alpha=4)``, ``atan2`` -> ``ATan(alpha=2)``, ``soft_sign`` -> ``SoftSign()``,
+    ``{"name": "s2nn", "alpha": 3.0, "beta": 0.7}`` -> ``S2NN(alpha=3.0, beta=0.7)``.
     """
-    m = re.fullmatch(r"([a-z_]+?)_?(\d+(?:\.\d+)?)?", name)
+    if isinstance(spec, dict):
+        params = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k != "name"}
+        return sg.get(spec["name"], **params)
+    if spec in sg.SURROGATES:
+        return sg.get(spec)
+    m = re.fullmatch(r"([a-z_]+?)_?(\d+(?:\.\d+)?)?", spec)
     if m is None:
-        raise ValueError(f"cannot parse surrogate {name!r} in reference file: a name, then optionally alpha")
+        raise ValueError(f"cannot parse surrogate {spec!r} in reference file: a name, then optionally alpha")
     return sg.get(m[1], None if m[2] is None else float(m[2]))
 
 
@@ -97,17 +106,100 @@ def neuron_outputs(cfg: B.NeuronConfig, x: jax.Array, gy: jax.Array, w: jax.Arra
 def check_neuron_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
     """Recompute one neuron case with ``multistep(..., impl=impl)``; returns its errors and ``ok``."""
     cfg = neuron_config(case)
+    if impl != "auto":  # a case this implementation does not run (it says why) is reported, not failed
+        reason = dispatch.IMPLEMENTATIONS[impl].unsupported_reason(cfg, arrays["x"].shape, arrays["x"].dtype,
+                                                                   jax.default_backend())
+        if reason is not None:
+            return {"not_run": f"impl={impl!r}: {reason}", "ok": True}
     w = jnp.asarray(plif_w(case, arrays)) if cfg.kind == "PLIF" else None
     s, v_seq, gx, gw = neuron_outputs(cfg, jnp.asarray(arrays["x"]), jnp.asarray(arrays["grad_spikes"]), w,
                                       impl=impl)
+    # Spikes (or spike counts) exactly; a surrogate with spiking=False outputs real values.
+    spikes = ({"spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"]))} if cfg.surrogate.spiking
+              else {"spikes": rel_error(s, arrays["spikes"])})
     out = {
-        "spike_mismatches": int(np.sum(np.asarray(s) != arrays["spikes"])),
+        **spikes,
         "v_seq": rel_error(v_seq, arrays["v_seq"]),
         "grad_x": rel_error(gx, arrays["grad_x"]),
     }
     if cfg.kind == "PLIF":
         out["grad_w"] = rel_error(gw, arrays["grad_w"])
-    out["ok"] = out["spike_mismatches"] == 0 and all(
+    out["ok"] = out.get("spike_mismatches", 0) == 0 and all(
+        v <= TOLERANCE for k, v in out.items() if k != "spike_mismatches")
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def surrogate_outputs(surrogate: sg.Surrogate, x: jax.Array) -> dict[str, jax.Array]:
+    """At the points ``x``: the call's values (``forward``), the gradient of their sum (``grad_x``),
+    ``derivative`` (the xla backward's factor) and, where the surrogate has one, ``primitive`` (jitted per
+    surrogate). A random surrogate's call draws with a fixed key (its gradient does not depend on it)."""
+    key = jax.random.key(0)
+    call = (lambda x: surrogate(x, key)) if surrogate.needs_key else surrogate
+    out = {"forward": call(x), "grad_x": jax.grad(lambda x: jnp.sum(call(x)))(x), "derivative": surrogate.derivative(x)}
+    if hasattr(surrogate, "primitive"):
+        out["primitive"] = surrogate.primitive(x)
+    return out
+
+
+def check_surrogate_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One surrogate on its own against a reference at the points ``x``: ``forward`` (exactly where it spikes),
+    ``grad_x`` (also against ``derivative``), ``primitive`` where given; and SpikingJelly's keywords and defaults of
+    the class (``defaults``, None for a required one) against snnjax's."""
+    surrogate = parse_surrogate(case["surrogate"])
+    got = surrogate_outputs(surrogate, jnp.asarray(arrays["x"]))
+    out: dict[str, Any] = {}
+    if "forward" in arrays and surrogate.spiking:  # spikes (or spike counts): exactly
+        out["forward_mismatches"] = int(np.sum(np.asarray(got["forward"]) != arrays["forward"]))
+    elif "forward" in arrays:
+        out["forward"] = rel_error(got["forward"], arrays["forward"])
+    out["grad_x"] = rel_error(got["grad_x"], arrays["grad_x"])
+    out["derivative"] = rel_error(got["derivative"], arrays["grad_x"])
+    if "primitive" in arrays:
+        out["primitive"] = rel_error(got["primitive"], arrays["primitive"])
+    if "defaults" in case:
+        mine = {f.name: None if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(type(surrogate))}
+        out["defaults_differ"] = sorted(k for k in set(mine) | set(case["defaults"])
+                                        if mine.get(k, "absent") != case["defaults"].get(k, "absent"))
+    out["ok"] = (out.get("forward_mismatches", 0) == 0 and not out.get("defaults_differ")
+                 and all(v <= TOLERANCE for k, v in out.items() if isinstance(v, float)))
+    return out
+
+
+PSN_CLASSES = {"PSN": PSN, "MaskedPSN": MaskedPSN, "SlidingPSN": SlidingPSN}
+
+
+def check_psn_case(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One parallel spiking neuron (``case["kind"]`` with SpikingJelly's ``kwargs`` and ``step_mode``; ``s``: one call
+    per step) with the file's ``weight`` and ``bias``: its output (spikes exactly) and the gradients of
+    ``sum(out * grad_out)`` with respect to the input, the weight and the bias; and the initial values SpikingJelly
+    draws without randomness (``init_*``: the bias, SlidingPSN's ``exp_init`` weight)."""
+    kwargs = dict(case["kwargs"])
+    if "surrogate_function" in kwargs:
+        kwargs["surrogate_function"] = parse_surrogate(kwargs["surrogate_function"])
+    if case["kind"] != "PSN":  # PSN takes no step_mode
+        kwargs["step_mode"] = case.get("step_mode", "m")
+    node = PSN_CLASSES[case["kind"]](**kwargs, rngs=nnx.Rngs(0))
+    out: dict[str, Any] = {"init_bias": rel_error(node.bias[...], arrays["init_bias"])}
+    if case["kind"] == "SlidingPSN" and kwargs.get("exp_init", True):
+        out["init_weight"] = rel_error(node.weight[...], arrays["init_weight"])
+    node.weight.set_value(jnp.asarray(arrays["weight"]))
+    node.bias.set_value(jnp.asarray(arrays["bias"]))
+
+    def loss(node, x):  # single-step mode: one call per step, from an empty queue
+        y = jnp.stack([node(x_t) for x_t in x]) if node.step_mode == "s" else node(x)
+        return jnp.sum(y * jnp.asarray(arrays["grad_out"])), y
+
+    step = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (_, y), (g_node, g_x) = step(node, jnp.asarray(arrays["x"]))
+    spiking = node.surrogate_function.spiking
+    out.update({"spike_mismatches": int(np.sum(np.asarray(y) != arrays["out"]))} if spiking
+               else {"out": rel_error(y, arrays["out"])})
+    out.update(grad_x=rel_error(g_x, arrays["grad_x"]),
+               grad_weight=rel_error(g_node.weight[...], arrays["grad_weight"]),
+               grad_bias=rel_error(g_node.bias[...], arrays["grad_bias"]))
+    out["ok"] = out.get("spike_mismatches", 0) == 0 and all(
         v <= TOLERANCE for k, v in out.items() if k != "spike_mismatches")
     return out
 
@@ -145,9 +237,9 @@ def check_catalogue_case(case: dict[str, Any], arrays: dict[str, np.ndarray], im
 
     (_, (y, v_seq)), (gx, gp) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, params)
     out = {"class": case["class"], "impl": dispatch.resolve_impl(node.impl, node.neuron, x)}
-    if np.isin(arrays["spikes"], (-1.0, 0.0, 1.0)).all():  # spikes (ternary ones too): exactly
+    if np.array_equal(arrays["spikes"], np.round(arrays["spikes"])):  # spikes (ternary ones, counts): exactly
         out["spike_mismatches"] = int(np.sum(np.asarray(y) != arrays["spikes"]))
-    else:  # a readout's potentials
+    else:  # a readout's potentials, LIAF's analog outputs, a smooth surrogate's values
         out["outputs"] = rel_error(y, arrays["spikes"])
     out["grad_x"] = rel_error(gx, arrays["grad_x"])
     if "v_seq" in arrays:
@@ -306,11 +398,17 @@ def iter_cases(cases, arrays, impl: str = "auto"):
     if isinstance(cases, list):
         for i, case in enumerate(cases):
             prefix = f"case{i:03d}/"
+            arrays_i = case_arrays(arrays, prefix)
             if "class" in case:
-                yield f"case{i:03d}", check_catalogue_case(case, case_arrays(arrays, prefix), impl)
+                yield f"case{i:03d}", check_catalogue_case(case, arrays_i, impl)
+                continue
+            if case["kind"] == "surrogate":
+                result = check_surrogate_case(case, arrays_i)
+            elif case["kind"] in PSN_CLASSES:
+                result = check_psn_case(case, arrays_i)
             else:
-                yield f"case{i:03d}", {"kind": case["kind"], **check_neuron_case(case, case_arrays(arrays, prefix),
-                                                                                 impl)}
+                result = check_neuron_case(case, arrays_i, impl)
+            yield f"case{i:03d}", {"kind": case["kind"], **result}
     elif isinstance(cases, dict):
         for name, meta in cases.items():
             prefix = f"{name}/"
@@ -320,7 +418,8 @@ def iter_cases(cases, arrays, impl: str = "auto"):
 
 
 def check_file(path: str, impl: str = "auto") -> int:
-    """Print one JSON line per case and a final ``{"cases": N, "failed": K}``; return the exit code.
+    """Print one JSON line per case and a final ``{"cases": N, "failed": K}`` (and ``"not_run"``: the neuron cases
+    an explicit ``impl`` cannot run, each saying why); return the exit code.
 
     ``impl`` (``auto``, ``xla``, ``pallas``, ``native``, ``scan``) is the neurons' multi-step
     implementation (``snnjax.neurons.multistep``); ``pallas`` runs the kernels in interpret
@@ -336,10 +435,11 @@ def check_file(path: str, impl: str = "auto") -> int:
     except (FileNotFoundError, ValueError) as e:
         print(json.dumps({"error": str(e)}))
         return 2
-    n = failed = 0
+    n = failed = not_run = 0
     for name, result in iter_cases(cases, arrays, impl):
         n += 1
         failed += not result["ok"]
+        not_run += "not_run" in result
         print(json.dumps({"case": name, **result}), flush=True)
-    print(json.dumps({"cases": n, "failed": failed}))
+    print(json.dumps({"cases": n, "failed": failed, **({"not_run": not_run} if not_run else {})}))
     return 1 if failed else 0

@@ -43,6 +43,7 @@ from flax import nnx
 from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d
 from snnjax.models.sequential import Sequential
 from snnjax.neurons.modules import BaseNode
+from snnjax.neurons.psn import PSN, MaskedPSN, PSNLambda, SlidingPSN
 
 Convert = Callable[[np.ndarray], np.ndarray]
 Path = tuple
@@ -95,12 +96,17 @@ LINEAR = LayerRule({"weight": ("kernel", out_in_to_in_out), "bias": ("bias", ide
 BATCHNORM = LayerRule({"weight": ("scale", identity), "bias": ("bias", identity),
                        "running_mean": ("mean", identity), "running_var": ("var", identity)},
                       ignore=("num_batches_tracked",))
+PSN_RULE = LayerRule({"weight": ("weight", identity), "bias": ("bias", identity)})
+MASKED_PSN = LayerRule({"weight": ("weight", identity), "bias": ("bias", identity), "_lambda_": ("lambda_", identity)},
+                       ignore=("mask0", "mask1"))  # the masks follow from k and T
 NOTHING = LayerRule()
 
+# The variable types a state_dict fills: parameters, BatchNorm statistics, MaskedPSN's lambda_ (a buffer there).
+IMPORTED = (nnx.Param, nnx.BatchStat, PSNLambda)
 # Module type -> rule. Looked up along the module's class hierarchy (snnjax's Conv2d is an nnx.Conv).
 RULES: dict[type, LayerRule] = {
     nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM, MaxPool2d: NOTHING, AvgPool2d: NOTHING,
-    Flatten: NOTHING, nnx.Dropout: NOTHING,
+    Flatten: NOTHING, nnx.Dropout: NOTHING, PSN: PSN_RULE, SlidingPSN: PSN_RULE, MaskedPSN: MASKED_PSN,
 }
 
 
@@ -170,7 +176,7 @@ def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *,
                          "jax.config.update('jax_enable_x64', True) before building the model (or in a notebook's "
                          "first cell)")
     name = type(model).__name__
-    variables = {_dotted(p): (p, v) for p, v in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat)))}
+    variables = {_dotted(p): (p, v) for p, v in nnx.to_flat_state(nnx.state(model, IMPORTED))}
     out, imported, ignored, leftover, located = {}, [], [], [], []
     for key, arr in state_dict.items():
         module, rule = locate(key) or ((), NOTHING)
@@ -214,7 +220,7 @@ def convert(model: nnx.Module, state_dict: Mapping[str, Any], locate: Locate, *,
 
 def assign(model: nnx.Module, values: Mapping[Path, np.ndarray], dtype=None) -> None:
     """Set ``model``'s variables at ``values``' paths in place, cast to ``dtype`` (default: each one's own)."""
-    for path, var in nnx.to_flat_state(nnx.state(model, (nnx.Param, nnx.BatchStat))):
+    for path, var in nnx.to_flat_state(nnx.state(model, IMPORTED)):
         if path in values:
             var.set_value(jnp.asarray(values[path], dtype or var.get_value().dtype))
 

@@ -4,8 +4,9 @@ Modules (dependencies point down): ``surrogate`` -> ``base`` (config and equatio
 (the multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels for IF / LIF / PLIF, ``scan``
 for any neuron's single step, ``sharded`` and ``temporal`` layouts, and ``dispatch``, the table of
 implementations) -> ``modules`` (NNX: ``BaseNode``, every neuron's single step as charge / fire / reset hooks, and
-IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through those hooks); ``compare`` (relative
-errors and VJPs of any implementation) serves the kernel checks and tests.
+IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through those hooks); ``psn`` (the parallel spiking
+neurons: a matmul over time, no recurrence, not a ``BaseNode``) takes ``surrogate`` and ``modules.Stateful``;
+``compare`` (relative errors and VJPs of any implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate
 from snnjax.neurons.base import NeuronConfig, StepNeuron, multistep_reference, step
@@ -15,6 +16,7 @@ from snnjax.neurons.catalogue import (
     EIFNode,
     GatedLIFNode,
     HalfThresholdIFNode,
+    ILIFNode,
     IzhikevichNode,
     KLIFNode,
     LIAFNode,
@@ -25,14 +27,39 @@ from snnjax.neurons.catalogue import (
     TernaryIFNode,
     TernaryLIFNode,
 )
-from snnjax.neurons.kernels.dispatch import IMPLS, multistep, resolve_impl
+from snnjax.neurons.kernels.dispatch import IMPLS, choose_impl, multistep, resolve_impl
 from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
-from snnjax.neurons.surrogate import ATan, PiecewiseQuadratic, Rect, Sigmoid, SoftSign, spike
+from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
+from snnjax.neurons.surrogate import (
+    S2NN,
+    ATan,
+    DeterministicPass,
+    Erf,
+    FakeNumericalGradient,
+    LeakyKReLU,
+    LogTailedReLU,
+    MultiLevelSpikeCount,
+    NonzeroSignLogAbs,
+    PiecewiseExp,
+    PiecewiseLeakyReLU,
+    PiecewiseQuadratic,
+    PoissonPass,
+    QPseudoSpike,
+    Rect,
+    Sigmoid,
+    SoftSign,
+    SquarewaveFourierSeries,
+    SuperSpike,
+    spike,
+)
 
 __all__ = [
-    "ATan", "BaseNode", "CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode",
-    "IFNode", "IMPLS", "IzhikevichNode", "KLIFNode", "LIAFNode", "LIFNode", "MembranePotential", "NeuronConfig",
-    "NonSpikingIFNode", "NonSpikingLIFNode", "ParametricLIFNode", "PiecewiseQuadratic", "QIFNode", "RAFNode", "Rect",
-    "Sigmoid", "SoftSign", "StepNeuron", "TernaryIFNode", "TernaryLIFNode", "multistep", "multistep_reference",
-    "reset_net", "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "S2NN", "ATan", "BaseNode", "CUBALIFNode", "ComplementaryLIFNode", "DeterministicPass", "EIFNode", "Erf",
+    "FakeNumericalGradient", "GatedLIFNode", "HalfThresholdIFNode", "IFNode", "ILIFNode", "IMPLS", "IzhikevichNode",
+    "KLIFNode", "LIAFNode", "LIFNode", "LeakyKReLU", "LogTailedReLU", "MaskedPSN", "MembranePotential",
+    "MultiLevelSpikeCount", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "NonzeroSignLogAbs", "PSN",
+    "ParametricLIFNode", "PiecewiseExp", "PiecewiseLeakyReLU", "PiecewiseQuadratic", "PoissonPass", "QIFNode",
+    "QPseudoSpike", "RAFNode", "Rect", "Sigmoid", "SlidingPSN", "SoftSign", "SquarewaveFourierSeries", "StepNeuron",
+    "SuperSpike", "TernaryIFNode", "TernaryLIFNode", "choose_impl", "multistep", "multistep_reference", "reset_net",
+    "resolve_impl", "set_impl", "spike", "step", "surrogate",
 ]

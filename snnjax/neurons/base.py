@@ -5,7 +5,9 @@ For each step t, with ``vr = v_reset if v_reset is not None else 0``:
           LIF:  H = V + (X - (V - vr)) / tau         (decay_input=True)
                 H = V - (V - vr) / tau + X           (decay_input=False)
           PLIF: as LIF with 1/tau = k = sigmoid(w), w a learned scalar
-  fire    S = 1[H >= v_threshold], backward via the surrogate sg'(H - v_threshold)
+  fire    S = 1[H >= v_threshold], backward via the surrogate sg'(H - v_threshold): the surrogate's call
+          at H - v_threshold (its ``derivative`` in the backward), which for a surrogate with
+          spiking=False or MultiLevelSpikeCount is not a 0/1 step (SpikingJelly's neurons take those too)
   reset   hard: V = S v_reset + (1 - S) H;  soft (v_reset=None): V = H - S v_threshold
           (S detached from the graph when detach_reset)
 
@@ -57,6 +59,7 @@ class NeuronConfig:
             raise ValueError(f"neuron kind must be 'IF', 'LIF' or 'PLIF', got {self.kind!r}")
         if self.kind == "LIF" and not self.tau > 1.0:
             raise ValueError(f"LIF needs tau > 1 (SpikingJelly's requirement), got tau={self.tau}")
+        sg.refuse_random(self.surrogate, f"the {self.kind} neuron")
 
     @property
     def vr(self) -> float:
@@ -146,12 +149,15 @@ def reset(cfg: NeuronConfig, h: jax.Array, s: jax.Array) -> jax.Array:
     return reset_potential(h, s, cfg.v_threshold, cfg.v_reset)
 
 
-def fire_and_reset(h: jax.Array, v_threshold: float, v_reset: float | None, surrogate: sg.Surrogate,
-                   detach_reset: bool) -> tuple[jax.Array, jax.Array]:
-    """``(S, V)`` from H: the surrogate spike ``1[H >= v_threshold]`` and the reset potential (S detached from the
-    reset when ``detach_reset``). Every neuron's default fire and reset."""
-    s = sg.spike(h - v_threshold, surrogate)
-    return s, reset_potential(h, jax.lax.stop_gradient(s) if detach_reset else s, v_threshold, v_reset)
+def fire(cfg: NeuronConfig, h: jax.Array) -> jax.Array:
+    """S from H: the surrogate's call at ``H - v_threshold`` (the step ``1[H >= v_threshold]`` when it is
+    ``heaviside``), differentiable through the surrogate; in H's dtype."""
+    return cfg.surrogate(h - cfg.v_threshold)
+
+
+def fire_grad(cfg: NeuronConfig, h: jax.Array) -> jax.Array:
+    """dS/dH: the surrogate's ``derivative`` at ``H - v_threshold`` (``sg'`` for a spiking surrogate)."""
+    return cfg.surrogate.derivative(h - cfg.v_threshold)
 
 
 def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = None):
@@ -163,7 +169,8 @@ def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = No
     check_decay_param(cfg, w)
     sdt = state_dtype(x.dtype)
     h = charge(cfg, v.astype(sdt), x.astype(sdt), w)
-    s, v_new = fire_and_reset(h, cfg.v_threshold, cfg.v_reset, cfg.surrogate, cfg.detach_reset)
+    s = fire(cfg, h)
+    v_new = reset(cfg, h, jax.lax.stop_gradient(s) if cfg.detach_reset else s)
     return s.astype(x.dtype), v_new
 
 

@@ -1,5 +1,7 @@
 """SpikingJelly 2.0.0's other neurons, each written as its single step (``BaseNode``'s hooks), with SpikingJelly's
-class names, keywords and defaults; their multi-step mode is the ``scan`` implementation.
+class names, keywords and defaults; their multi-step mode is the ``scan`` implementation. They fire through the
+surrogate's call (``S = surrogate(H - v_threshold)``), so every surrogate works as in SpikingJelly: a spiking one
+fires the step ``1[H >= v_threshold]``, ``spiking=False`` its smooth primitive, ``MultiLevelSpikeCount`` counts.
 
 =====================  =================================================================================
 class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_threshold]``, then reset)
@@ -22,6 +24,8 @@ class                  one step (``vr = v_reset`` or 0; fire ``S = 1[H >= v_thre
                        taking ``X``; fire and reset on ``V`` (state ``v`` and ``u``)
 ``ComplementaryLIFNode`` ``H = V - V / tau + X``; ``M = M sigmoid(H / tau) + S``; soft reset by
                        ``S (v_threshold + sigmoid(M))`` (state ``v`` and ``m``)
+``ILIFNode``           integer LIF: ``H = V - V / tau + X``; counts ``S = round(clip(H / v_threshold, 0, D))`` (a
+                       ``MultiLevelSpikeCount(D)`` surrogate at ``H / v_threshold``); soft reset ``H - S v_threshold``
 =====================  =================================================================================
 
 The ternary neurons reset on either spike: soft by ``S v_threshold``; hard to ``v_reset`` with the event
@@ -40,9 +44,9 @@ from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
-__all__ = ["CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode", "IzhikevichNode",
-           "KLIFNode", "LIAFNode", "NonSpikingIFNode", "NonSpikingLIFNode", "QIFNode", "RAFNode", "TernaryIFNode",
-           "TernaryLIFNode"]
+__all__ = ["CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode", "ILIFNode",
+           "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode", "NonSpikingLIFNode", "QIFNode", "RAFNode",
+           "TernaryIFNode", "TernaryLIFNode"]
 
 
 def _lif_charge(x, v, tau: float, decay_input: bool, v_reset: float | None):
@@ -233,14 +237,14 @@ class _Ternary(BaseNode):
     """Spikes in {-1, 0, 1}: ``1[H >= v_threshold] - 1[-H >= v_threshold]``."""
 
     def neuronal_fire(self, h, params):
-        return (sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
-                - sg.spike(-h["v"] - self.v_threshold, self.surrogate_function))
+        return (self.surrogate_function(h["v"] - self.v_threshold)
+                - self.surrogate_function(-h["v"] - self.v_threshold))
 
     def neuronal_reset(self, h, spike, params):
         # Soft: V - S th. Hard: the reset event is either spike, each with its own surrogate gradient.
         event = spike if self.v_reset is None else (
-            sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
-            + sg.spike(-h["v"] - self.v_threshold, self.surrogate_function))
+            self.surrogate_function(h["v"] - self.v_threshold)
+            + self.surrogate_function(-h["v"] - self.v_threshold))
         event = jax.lax.stop_gradient(event) if self.detach_reset else event
         return {"v": B.reset_potential(h["v"], event, self.v_threshold, self.v_reset)}
 
@@ -357,8 +361,7 @@ class GatedLIFNode(BaseNode):
         return {"v": h, "s": v["s"], "t": v["t"] + 1.0}
 
     def neuronal_fire(self, h, params):
-        return sg.spike(h["v"] - jax.nn.sigmoid(params["v_threshold"]).astype(h["v"].dtype),
-                        self.surrogate_function)
+        return self.surrogate_function(h["v"] - jax.nn.sigmoid(params["v_threshold"]).astype(h["v"].dtype))
 
     def neuronal_reset(self, h, spike, params):
         return {**h, "s": spike}
@@ -427,3 +430,28 @@ class ComplementaryLIFNode(BaseNode):
     def neuronal_reset(self, h, spike, params):
         m = h["m"] * jax.nn.sigmoid(h["v"] / self.tau) + spike
         return {"v": h["v"] - spike * (self.v_threshold + jax.nn.sigmoid(m)), "m": m}
+
+
+class ILIFNode(BaseNode):
+    """Integer LIF (I-LIF): LIF's charge without input decay, ``H = V - V / tau + X``; fires the spike count
+    ``S = surrogate(H / v_threshold)``, ``round(clip(H / v_threshold, 0, max_spike_count))`` with its gradient
+    window, and resets softly, ``V = H - S v_threshold``. The surrogate must be a spiking ``MultiLevelSpikeCount``
+    (default ``MultiLevelSpikeCount(4)``); ``tau = 4/3`` is a decay of 0.25 per step."""
+
+    def __init__(self, tau: float = 4.0 / 3.0, v_threshold: float = 1.0,
+                 surrogate_function: sg.Surrogate = sg.MultiLevelSpikeCount(4), detach_reset: bool = False,
+                 step_mode: str = "s", store_v_seq: bool = False, impl: str = "auto"):
+        if not (isinstance(surrogate_function, sg.MultiLevelSpikeCount) and surrogate_function.spiking):
+            raise ValueError(f"ILIFNode fires spike counts: surrogate_function must be a spiking "
+                             f"MultiLevelSpikeCount(max_spike_count), got {surrogate_function!r}")
+        _check_tau("ILIFNode", tau)
+        if not (math.isfinite(v_threshold) and v_threshold > 0):
+            raise ValueError(f"ILIFNode needs a finite v_threshold > 0, got {v_threshold}")
+        self.tau = float(tau)
+        super().__init__(float(v_threshold), None, surrogate_function, detach_reset, step_mode, store_v_seq, impl)
+
+    def neuronal_charge(self, x, v, params):
+        return _lif_charge(x, v, self.tau, False, None)
+
+    def neuronal_fire(self, h, params):
+        return self.surrogate_function(h["v"] / self.v_threshold)

@@ -49,7 +49,12 @@ class MembranePotential(nnx.Variable):
     """Streaming neuron state (single-step mode); filter with ``nnx.state(model, MembranePotential)``."""
 
 
-class BaseNode(nnx.Module):
+class Stateful:
+    """A module with single-step state (SpikingJelly's ``MemoryModule``): its ``reset()`` forgets it, and
+    ``reset_net`` calls that on every such module."""
+
+
+class BaseNode(nnx.Module, Stateful):
     """Every spiking neuron: a single step written as SpikingJelly writes one (charge, fire, reset), and the machinery
     around it (single- and multi-step modes, streaming state, ``store_v_seq``, ``impl``, observers).
 
@@ -58,7 +63,8 @@ class BaseNode(nnx.Module):
     - ``neuronal_charge(x, v, params) -> h``: H from the input ``x [...]`` and the state before the step. ``v`` is
       the membrane potential; a neuron with more state variables (``initial_state``) gets and returns the dict of
       all of them, ``"v"`` holding H;
-    - optionally ``neuronal_fire(h, params)`` (default: the surrogate spike ``1[H >= v_threshold]``) and
+    - optionally ``neuronal_fire(h, params)`` (default: the surrogate's call at ``H - v_threshold``, the spike
+      ``1[H >= v_threshold]`` for a spiking surrogate) and
       ``neuronal_reset(h, spike, params)`` (default: hard reset to ``v_reset``, soft for ``v_reset=None``,
       ``spike`` detached with ``detach_reset``), both on the state dict;
     - optionally ``initial_state()`` (``{"v": v_reset or 0}`` by default: more names add state variables).
@@ -86,6 +92,7 @@ class BaseNode(nnx.Module):
             raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
         if step_mode not in ("s", "m"):
             raise ValueError(f"step_mode must be 's' (single-step) or 'm' (multi-step), got {step_mode!r}")
+        sg.refuse_random(surrogate_function, type(self).__name__)
         self.v_threshold = v_threshold
         self.v_reset = v_reset
         self.surrogate_function = surrogate_function
@@ -107,8 +114,9 @@ class BaseNode(nnx.Module):
         raise NotImplementedError(f"{type(self).__name__} must define neuronal_charge(x, v, params) -> h")
 
     def neuronal_fire(self, h: dict, params: dict) -> jax.Array:
-        """The output of the step: the surrogate spike ``1[H >= v_threshold]``."""
-        return sg.spike(h["v"] - self.v_threshold, self.surrogate_function)
+        """The output of the step: the surrogate's call at ``H - v_threshold`` (the spike ``1[H >= v_threshold]`` for
+        a spiking surrogate; its primitive with ``spiking=False``; counts for ``MultiLevelSpikeCount``)."""
+        return self.surrogate_function(h["v"] - self.v_threshold)
 
     def neuronal_reset(self, h: dict, spike: jax.Array, params: dict) -> dict:
         """The state after the step: hard (``v_reset``) or soft (``None``) reset of the membrane potential."""
@@ -288,7 +296,8 @@ def set_impl(model: nnx.Module, impl: str) -> int:
 
 
 def reset_net(model: nnx.Module) -> None:
-    """Reset the streaming state of every neuron in ``model`` (SpikingJelly's ``functional.reset_net``)."""
+    """Reset the streaming state of every neuron in ``model`` (SpikingJelly's ``functional.reset_net``): every
+    ``Stateful`` module's ``reset()``."""
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode):
+        if isinstance(module, Stateful):
             module.reset()

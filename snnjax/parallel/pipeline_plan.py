@@ -28,6 +28,7 @@ from flax import nnx
 
 from snnjax.parallel import pipeline_tables, schedules
 from snnjax.parallel.pipeline import SCHEDULES, PipelineSpec
+from snnjax.parallel.rules import both
 from snnjax.parallel.variables import flat_vars, fresh, owner, value
 
 OVERHEAD_EXAMPLES = 2.0  # the fixed cost of one pipeline action, in examples' worth of compute
@@ -45,7 +46,7 @@ class PipelineOptions:
 
 def option(name: str) -> str:
     """A pipeline option as both callers spell it: the config key, and ``PipelineOptions``'s field in Python."""
-    return f"parallel.pp.{name} (PipelineOptions({name}=...) in Python)"
+    return both(f"parallel.pp.{name}", f"PipelineOptions({name}=...)")
 
 
 def parse_layout(text: str, num_units: int, num_stages: int, names: Sequence[str]) -> tuple[int, ...]:
@@ -55,7 +56,7 @@ def parse_layout(text: str, num_units: int, num_stages: int, names: Sequence[str
     except ValueError:
         raise ValueError(f"{option('layout')}={text!r} must be unit counts separated by '|', e.g. '2|3|3|2'") from None
     if len(counts) != num_stages or min(counts) < 1 or sum(counts) != num_units:
-        raise ValueError(f"parallel.pp.layout={text!r} must give each of the {num_stages} (virtual) stages at least "
+        raise ValueError(f"{option('layout')}={text!r} must give each of the {num_stages} (virtual) stages at least "
                          f"one unit and add up to the model's {num_units} units ({', '.join(names)})")
     return counts
 

@@ -427,9 +427,9 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     pp = mode == "pp"
     if pp:
         if sizes["stage"] < 2:
+            example = rules_lib.both("parallel.mesh=stage=2,data=-1", "the layout 'stage=2,data=-1'")
             raise ValueError(f"mode 'pp' pipelines over the mesh axis stage, which is {sizes['stage']} in mesh "
-                             f"{dict(sizes)}; give it size > 1 (e.g. --config.parallel.mesh=stage=2,data=-1; in "
-                             "Python a mesh such as 'stage=2,data=4')")
+                             f"{dict(sizes)}; give it size > 1 (e.g. {example})")
         if not isinstance(model_or_state, nnx.Module):
             raise ValueError("mode 'pp' splits the model's units (model.units()) into stages: plan the nnx.Module, "
                              "not its state")

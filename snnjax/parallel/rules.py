@@ -99,6 +99,13 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
 MODES = tuple(STRATEGIES)
 
 
+def both(config: str, python: str) -> str:
+    """A setting as both callers spell it in an error: train.py's ``--config.`` key (``config``, e.g.
+    ``"parallel.mode=pp"``) and the Python argument of ``snnjax.trainer`` / ``snnjax.parallel.plan`` (``python``,
+    e.g. ``"mode='pp'"``)."""
+    return f"--config.{config} ({python} in Python)"
+
+
 def get_strategy(mode: str, zero_stage: int | None = None, sequence_parallel: bool = False) -> Strategy:
     if mode not in STRATEGIES:
         raise ValueError(f"parallel mode {mode!r} is not known; choose one of {list(MODES) + ['pp', 'auto']}")
@@ -108,22 +115,23 @@ def get_strategy(mode: str, zero_stage: int | None = None, sequence_parallel: bo
 def check_mesh(strategy: Strategy, axis_sizes: Mapping[str, int]) -> None:
     """Raise ``ValueError`` saying what to change when the mesh does not fit the strategy."""
     if axis_sizes.get("stage", 1) > 1:
-        raise ValueError(f"the mesh has stage={axis_sizes['stage']}, which only the pipeline mode uses; set "
-                         "--config.parallel.mode=pp (mode='pp' in Python), or stage=1 (e.g. "
-                         "--config.parallel.mesh=data=-1)")
+        pp, data = both("parallel.mode=pp", "mode='pp'"), both("parallel.mesh=data=-1", "the layout 'data=-1'")
+        raise ValueError(f"the mesh has stage={axis_sizes['stage']}, which only the pipeline mode uses; set {pp}, "
+                         f"or stage=1 (e.g. {data})")
     for axis in strategy.requires:
         if axis_sizes.get(axis, 1) < 2:
             raise ValueError(f"mode {strategy.name!r} needs the mesh axis {axis!r} > 1, but it is "
-                             f"{axis_sizes.get(axis, 1)} in mesh {dict(axis_sizes)}; give it size > 1 "
-                             f"(e.g. --config.parallel.mesh={_example(strategy)}, or the mesh {_example(strategy)!r} "
-                             "in Python) or choose another mode")
+                             f"{axis_sizes.get(axis, 1)} in mesh {dict(axis_sizes)}; give it size > 1 (e.g. "
+                             f"{both(f'parallel.mesh={_example(strategy)}', f'the layout {_example(strategy)!r}')}) "
+                             f"or choose another mode ({both('parallel.mode', 'mode=')})")
     for axis in ("data", "fsdp", "tensor"):
         if axis_sizes.get(axis, 1) > 1 and axis not in strategy.allows:
             used = ", ".join(strategy.allows) or "no axis (one device)"
             modes = ", ".join(m for m, s in STRATEGIES.items() if axis in s.allows)
             raise ValueError(f"mode {strategy.name!r} uses {used}, but the mesh has {axis}={axis_sizes[axis]} "
                              f"(mesh {dict(axis_sizes)}), which would only replicate work; set {axis}=1 or choose a "
-                             f"mode that uses {axis!r} ({modes})")
+                             f"mode that uses {axis!r} ({modes}): the mesh is {both('parallel.mesh', 'the layout')}, "
+                             f"the mode {both('parallel.mode', 'mode=')}")
 
 
 def _example(strategy: Strategy) -> str:

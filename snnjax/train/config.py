@@ -24,6 +24,8 @@ from snnjax.parallel.auto import OBJECTIVES
 from snnjax.parallel.mesh import parse_mesh_spec
 from snnjax.parallel.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from snnjax.parallel.rules import MODES as _STRATEGY_MODES
+from snnjax.train.metrics import parse_log_to
+from snnjax.train.profiling import parse_steps
 
 DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet", "mse")
@@ -74,6 +76,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.nonfinite = "stop"
 
     c.log_every_steps = 20
+    # where the logged scalars go besides metrics.jsonl: tensorboard, wandb, mlflow, comma-separated ("" none);
+    # wandb and mlflow are extras (pip install 'snnjax[wandb]'); snnjax/train/metrics.py says where each writes
+    c.log_to = "tensorboard"
+    # (first, last) steps, 1-based, traced with jax.profiler into WORKDIR/profile (TensorBoard's profile plugin,
+    # ui.perfetto.dev); the time split by op kind goes to the log and metrics.jsonl (profile/<kind>_ms). () = none.
+    c.profile_steps = ()
     c.eval_every_steps = -1  # -1: after every epoch
     c.checkpoint_every_steps = 200
     c.keep_checkpoints = 3
@@ -272,6 +280,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if unknown:
         raise ValueError(f"config.monitor has no key(s) {unknown}; allowed: {sorted(base_config().monitor)}")
     _choice("monitor.firing_rates", c.monitor.firing_rates, (True, False))
+    parse_steps(c.profile_steps, name="config.profile_steps")
+    parse_log_to(c.log_to)
     if c.parallel.offload == "auto" and c.parallel.memory_budget_mb <= 0:
         raise ValueError("config.parallel.offload='auto' lets the memory search decide, which needs "
                          "config.parallel.memory_budget_mb > 0; or set parallel.offload to 'none' or 'opt_state'")

@@ -32,6 +32,7 @@ Faults a long run meets:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -58,12 +59,12 @@ from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.runtime import distributed
 from snnjax.train import config as config_lib
-from snnjax.train import faults, memory_search, pipeline_memory
+from snnjax.train import faults, memory_search, pipeline_memory, profiling
 from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.faults import NonFiniteError, Preempted
-from snnjax.train.metrics import MetricWriter
-from snnjax.train.model_trainer import ModelTrainer
+from snnjax.train.metrics import MetricWriter, parse_log_to
+from snnjax.train.model_trainer import ModelTrainer, training_plan
 from snnjax.train.optim import make_optimizer, make_schedule
 from snnjax.train.step import StepConfig, model_inputs
 
@@ -191,6 +192,8 @@ class Trainer:
         self.keep_checkpoints, self.resume = c.keep_checkpoints, c.resume
         self.skip_nonfinite, self.log_firing_rates = c.nonfinite == "skip", c.monitor.firing_rates
         self.print_summary, self.config_json = p.print_summary, c.to_json_best_effort(indent=2)
+        self.profile_steps = profiling.parse_steps(c.profile_steps, name="config.profile_steps")
+        self.log_to = parse_log_to(c.log_to)
 
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
         if mesh is not None:
@@ -206,6 +209,9 @@ class Trainer:
                                   prefetch=c.data.prefetch, batch_sharding=rows)
         spe = self.train_loader.steps_per_epoch
         self.total_steps = c.num_steps if c.num_steps > 0 else c.num_epochs * spe
+        if self.profile_steps and self.profile_steps[1] > self.total_steps:
+            raise ValueError(f"config.profile_steps={tuple(c.profile_steps)} reaches past the run's last step "
+                             f"{self.total_steps}: trace steps 1..{self.total_steps}")
         self.eval_every = c.eval_every_steps if c.eval_every_steps > 0 else spe
 
         self.model_name = c.model.name if model is None else type(model).__name__
@@ -220,22 +226,22 @@ class Trainer:
         step_cfg = step_config(c, time_major)
         data = DataShape.of(train_src, c.data.time_steps)
         shaped = {"input_shape": (data.time_steps, batch, *data.frame_shape), "compute_dtype": step_cfg.compute_dtype}
-        pipeline = {}  # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split
-        if p.mode == "pp" or (p.mode == "auto" and accum == 1):
-            pipeline = {"pipeline": PipelineOptions(**p.pp), **shaped}
-        elif p.time_blocks:  # checks the block count against each layer
-            pipeline = shaped
+        # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split on the batch's
+        # shape; time_blocks checks the block count against each layer on it
+        pipeline = PipelineOptions(**p.pp) if p.mode == "pp" or (p.mode == "auto" and accum == 1) else None
         plan_options = dict(objective=p.objective, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel,
                             global_batch_size=batch // accum, opt_slots=1 if c.optimizer == "sgd" else 2,
                             min_shard_size=p.min_shard_size,
                             memory_budget_bytes=int(p.memory_budget_mb * 2**20) or None,
-                            time_steps=c.data.time_steps, time_blocks=p.time_blocks, **pipeline)
-        plan = parallel.plan(model, mesh if mesh is not None else jax.device_count(), mode=p.mode, **plan_options)
+                            time_steps=c.data.time_steps, time_blocks=p.time_blocks,
+                            **(shaped if pipeline is not None or p.time_blocks else {}))
+        plan = training_plan(model, mesh if mesh is not None else jax.device_count(), p.mode, pipeline=pipeline,
+                             **plan_options)
 
         @functools.cache
         def plan_for(microbatches: int) -> parallel.Plan:  # the pipeline on the first plan's mesh, M microbatches
-            pp = dataclasses.replace(plan_options["pipeline"], microbatches=microbatches)
-            return parallel.plan(model, plan.mesh, mode="pp", **{**plan_options, "pipeline": pp})
+            pp = dataclasses.replace(pipeline, microbatches=microbatches)
+            return training_plan(model, plan.mesh, "pp", pipeline=pp, **plan_options)
 
         self.offload = p.offload if p.offload != "auto" else "none"
         self.memory_search = None
@@ -370,7 +376,8 @@ class Trainer:
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._open_checkpoints()
-        writer = MetricWriter(self.workdir, enabled=self.is_main)
+        writer = MetricWriter(self.workdir, enabled=self.is_main, log_to=self.log_to,
+                              config=json.loads(self.config_json))
         try:
             with self._signals:
                 summary = self._train(writer)
@@ -413,15 +420,24 @@ class Trainer:
 
         progress = tqdm(total=self.total_steps, initial=start, disable=not self.is_main, unit="step",
                         dynamic_ncols=True)
+        folder = self.workdir / "profile"
+        profiler = profiling.StepProfiler(
+            self.profile_steps, folder if jax.process_count() == 1 else folder / f"process_{jax.process_index()}")
         window, window_t, window_steps = [], time.perf_counter(), 0
         train_time, trained, last = 0.0, 0, {}
         eval_metrics: dict[str, float] = {}
         unchecked: list[tuple[int, dict[str, jax.Array]]] = []  # (step, metrics) whose finite flag is unread
         batch, stop = first, None
-        with progress:
+        with progress, contextlib.closing(profiler) as profiler:
             for step in range(start, self.total_steps):
                 t = time.perf_counter()
+                profiler.before(step + 1)
                 metrics = self.trainer.advance(batch)
+                if profiler.after(step + 1, metrics):
+                    profile = self.trainer.record_profile(profiler.trace, print_with=progress.write)
+                    if profile is not None:
+                        writer.write(step + 1, {f"profile/{k.replace(' ', '_')}_ms": v
+                                                for k, v in profile["split"].items()})
                 window.append(metrics)
                 window_steps += 1
                 done = step + 1

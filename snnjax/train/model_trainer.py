@@ -41,6 +41,7 @@ from snnjax import parallel
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.parallel.variables import path_str
+from snnjax.train import profiling
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.sharded import apply_plan, eval_fn
 from snnjax.train.step import StepConfig, TrainState, split_model
@@ -71,6 +72,7 @@ class ModelTrainer:
         self._eval_step = eval_fn(plan, self.state.replace(params=tree_like), step_config, graphdef)
         self._compiled = None
         self._checked_shape = None
+        self.profile: dict[str, Any] | None = None  # the last profiled steps' trace and time split (fit, Trainer)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -141,21 +143,46 @@ class ModelTrainer:
         self.state, metrics = self.compile(placed)(self.state, placed)
         return metrics
 
-    def fit(self, batches: Iterable[Batch], steps: int | None = None, *, progress: bool = True) -> list[dict]:
-        """``step`` on each batch (at most ``steps``), with a progress bar (``tqdm.auto``); the metrics of each step."""
+    def fit(self, batches: Iterable[Batch], steps: int | None = None, *, progress: bool = True,
+            profile_steps: int | tuple[int, int] | None = None,
+            profile_dir: str | pathlib.Path = "profile") -> list[dict]:
+        """``step`` on each batch (at most ``steps``), with a progress bar (``tqdm.auto``); the metrics of each step.
+
+        ``profile_steps``: ``(first, last)`` (or one step) of the trainer's step count, 1-based, to trace with
+        ``jax.profiler`` into ``profile_dir`` (``snnjax.train.profiling``); the trace's file and its time split
+        by op kind are then in ``trainer.profile`` and printed.
+        """
         from tqdm.auto import tqdm  # noqa: PLC0415 (tqdm.auto picks the notebook widget; only fit needs it)
 
+        profiler = profiling.StepProfiler(profiling.parse_steps(profile_steps), profile_dir)
         history = []
         total = steps if steps is not None else (len(batches) if hasattr(batches, "__len__") else None)
         bar = tqdm(total=total, disable=not progress, unit="step")
-        with bar:
-            for i, batch in enumerate(batches):
-                if steps is not None and i >= steps:
-                    break
-                history.append(self.step(batch))
-                bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", acc=f"{history[-1]['accuracy']:.3f}")
-                bar.update(1)
+        try:
+            with bar:
+                for i, batch in enumerate(batches):
+                    if steps is not None and i >= steps:
+                        break
+                    number = self.step_count + 1
+                    profiler.before(number)
+                    history.append(self.step(batch))
+                    if profiler.after(number, None):
+                        self.record_profile(profiler.trace, print_with=bar.write)
+                    bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", acc=f"{history[-1]['accuracy']:.3f}")
+                    bar.update(1)
+        finally:
+            profiler.close()
         return history
+
+    def record_profile(self, trace: pathlib.Path | None, print_with=print) -> dict[str, Any] | None:
+        """Keep the trace's path and time split in ``self.profile`` (and print the split)."""
+        if trace is None or self._compiled is None:
+            return None
+        split = profiling.time_split(trace, self._compiled[1].as_text())
+        self.profile = {"trace": str(trace), "split": split}
+        if self.verbose:
+            print_with(f"profile: {trace} ({profiling.format_split(split)})")
+        return self.profile
 
     def evaluate(self, batches: Iterable[Batch]) -> dict[str, float]:
         """Mean ``loss`` and ``accuracy`` over every example of ``batches`` in eval mode (BatchNorm's running
@@ -319,14 +346,31 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
         if pipeline is None and example is None:
             raise ValueError("trainer(...) with stage > 1 pipelines the model: pass example=batch (one batch, to "
                              "choose the microbatches) or pipeline=snnjax.parallel.PipelineOptions(microbatches=M)")
-        kwargs["pipeline"] = pipeline or PipelineOptions()
-        mode = "pp"
     elif pipeline is not None:
         raise ValueError(f"trainer(..., pipeline=...) needs a mesh with stage > 1; {layout!r} has none")
-    plan = parallel.plan(model, mesh, mode=mode, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
+    plan = training_plan(model, mesh, mode, pipeline=pipeline, zero_stage=zero_stage,
+                         sequence_parallel=sequence_parallel,
                          time_steps=None if encoder is not None else _time_steps(example), **kwargs)
     cfg = StepConfig(seed=seed, time_steps=time_steps or 0, encoder=encoder, loss=loss, compute_dtype=dtype)
     return ModelTrainer(model, plan, optimizer, cfg, donate=donate, verbose=verbose)
+
+
+def training_plan(model: nnx.Module, mesh: Mesh | int, mode: str | None = None, *,
+                  pipeline: PipelineOptions | None = None, **options: Any) -> parallel.Plan:
+    """The parallel plan a trainer runs under (``trainer`` and the config's ``Trainer`` both plan here):
+    ``snnjax.parallel.plan(model, mesh, mode=mode, pipeline=..., **options)``.
+
+    ``mesh``: a ``Mesh``, or a device count (mode ``"auto"`` plans its own mesh). ``mode`` None on a mesh with
+    stage > 1 is the pipeline, ``"pp"``, which runs with ``pipeline`` or the default ``PipelineOptions()``;
+    ``pipeline`` also lets ``"auto"`` consider a pipeline, and no other mode takes one.
+    """
+    if mode is None and isinstance(mesh, Mesh) and mesh.shape.get("stage", 1) > 1:
+        mode = "pp"
+    if mode == "pp":
+        pipeline = pipeline or PipelineOptions()
+    elif pipeline is not None and mode != "auto":
+        raise ValueError(f"a pipeline's options need mode 'pp' (a mesh with stage > 1), not mode {mode!r}")
+    return parallel.plan(model, mesh, mode=mode, pipeline=pipeline, **options)
 
 
 def _time_steps(example: Batch | None) -> int | None:

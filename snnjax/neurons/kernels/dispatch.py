@@ -30,8 +30,10 @@ they are, on the local block.
 ``auto`` keeps ``xla``:
 - for a single step (T = 1): there is no time loop to fuse, and XLA fuses the one
   elementwise update into the neighbouring ops, which an opaque kernel call would prevent;
-- where the kernels cannot run the call (``unsupported_reason``), or the native kernels
-  cannot be compiled on this machine.
+- where the kernels cannot run the call (``unsupported_reason``: the native kernels compute the
+  Sigmoid, ATan, PiecewiseQuadratic, SoftSign and Rect surrogates, the Pallas kernels any surrogate
+  whose forward is the step ``1[x >= 0]``), or the native kernels cannot be compiled on this machine.
+  Then ``multistep`` warns, naming the kernel's reason; ``choose_impl`` returns the choice and why.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
 ``snnjax.neurons.kernels.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
@@ -50,7 +52,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -116,11 +120,22 @@ def partitioner_splits() -> bool:
     return not mesh.empty and math.prod(mesh.shape[a] for a in mesh.axis_names if a not in mesh.manual_axes) > 1
 
 
-def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
-    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call.
+class Choice(NamedTuple):
+    """The implementation that runs a call, and why: for ``auto``, which kernel the backend prefers and, where
+    that kernel cannot run the call (``refused``), the reason it gives."""
+
+    impl: str
+    why: str
+    refused: bool = False
+
+
+def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
+    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call,
+    and why.
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
+    ``auto`` picks ``scan`` for a ``StepNeuron`` (the only path it runs), otherwise see the module docstring.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -131,15 +146,43 @@ def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
         if reason is not None:
             other = "'xla'" if isinstance(cfg, B.NeuronConfig) else "'scan'"
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl={other} (or 'auto')")
-        return impl
-    fallback = "xla" if isinstance(cfg, B.NeuronConfig) else "scan"
+        return Choice(impl, f"impl={impl!r} was asked for")
+    if not isinstance(cfg, B.NeuronConfig):
+        return Choice("scan", f"{cfg.name} is given by its single step, which the scan path runs")
     if shape[:1] in ((), (1,)):
-        return fallback
-    for candidate in IMPLEMENTATIONS.values():
-        if (candidate.auto_backend == backend and candidate.unsupported_reason(cfg, shape, dtype, backend) is None
-                and candidate.available()):
-            return candidate.name
-    return fallback
+        return Choice("xla", "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring ops")
+    preferred = [c for c in IMPLEMENTATIONS.values() if c.auto_backend == backend]
+    if not preferred:
+        return Choice("xla", f"no fused kernel is preferred on the {backend!r} backend")
+    refusals = []
+    for candidate in preferred:
+        reason = candidate.unsupported_reason(cfg, shape, dtype, backend)
+        if reason is None and not candidate.available():
+            reason = "they cannot be built on this machine (impl='native' raises the compiler's message)"
+        if reason is None:
+            return Choice(candidate.name, f"the {candidate.name} kernels are the {backend!r} backend's fused path")
+        refusals.append(f"the {candidate.name} kernels cannot run it: {reason}")
+    return Choice("xla", "; ".join(refusals), refused=True)
+
+
+def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
+    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call
+    (``choose_impl`` without its reason)."""
+    return choose_impl(impl, cfg, x_seq).impl
+
+
+def neuron_name(cfg: B.NeuronConfig | B.StepNeuron) -> str:
+    """What messages and the profiler's ``neuron_<NAME>`` scope call the neuron: its kind, or a StepNeuron's name."""
+    return cfg.kind if isinstance(cfg, B.NeuronConfig) else cfg.name
+
+
+def _chosen(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
+    """``resolve_impl``, warning where ``auto`` runs ``xla`` because the backend's kernel refused the call."""
+    choice = choose_impl(impl, cfg, x_seq)
+    if choice.refused:
+        warnings.warn(f"impl='auto' runs this {neuron_name(cfg)} neuron with the xla path: {choice.why}",
+                      stacklevel=3)
+    return choice.impl
 
 
 def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
@@ -153,11 +196,12 @@ def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None,
     """
     if isinstance(cfg, B.NeuronConfig):
         B.check_decay_param(cfg, w)
-    if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
-        per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
-        kernel = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)].kernel if per_block else None
-        return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
-    chosen = IMPLEMENTATIONS[resolve_impl(impl, cfg, x_seq)]
-    if chosen.kernel is not None and partitioner_splits():
-        return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
-    return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+    with jax.named_scope(f"neuron_{neuron_name(cfg)}"):  # profiles and HLO name the neuron's ops (train.profiling)
+        if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
+            per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
+            kernel = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)].kernel if per_block else None
+            return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
+        chosen = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)]
+        if chosen.kernel is not None and partitioner_splits():
+            return sharded.multistep(chosen.kernel, cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
+        return chosen.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)

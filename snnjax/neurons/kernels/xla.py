@@ -44,7 +44,7 @@ def _forward(cfg, return_v_seq, x_seq, v0, w):
 
     def body(v, x):
         h = B.charge(cfg, v, x.astype(sdt), w)
-        s = (h >= cfg.v_threshold).astype(sdt)
+        s = B.fire(cfg, h)
         v = B.reset(cfg, h, s)
         return v, (s.astype(x_seq.dtype), h, v if return_v_seq else None)
 
@@ -66,12 +66,12 @@ def _bwd(cfg, return_v_seq, res, cts):
 
     def grads_at(dv_carry, h, ds, dv_direct):
         dv = dv_carry if dv_direct is None else dv_carry + dv_direct
-        g = cfg.surrogate.grad(h - cfg.v_threshold)
-        s = (h >= cfg.v_threshold).astype(sdt)
+        g = B.fire_grad(cfg, h)
+        s = B.fire(cfg, h)
         return ds.astype(sdt) * g + dv * B.dv_dh(cfg, h, s, g)
 
     if plif:
-        v_prev = jnp.concatenate([v0[None], B.reset(cfg, h_seq[:-1], (h_seq[:-1] >= cfg.v_threshold).astype(sdt))])
+        v_prev = jnp.concatenate([v0[None], B.reset(cfg, h_seq[:-1], B.fire(cfg, h_seq[:-1]))])
     xs = (h_seq, ds_seq, dv_out if return_v_seq else None, v_prev if plif else None, x_res)
 
     def body(carry, inp):

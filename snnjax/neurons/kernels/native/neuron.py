@@ -41,8 +41,9 @@ _CHUNK_MIN, _CHUNK_MAX = 256, 8192
 def unsupported_reason(cfg: B.NeuronConfig, shape, dtype) -> str | None:
     """Why the native kernels cannot run this neuron call (None if they can)."""
     dtype = jnp.dtype(dtype)
-    if type(cfg.surrogate) not in _SURROGATE_IDS:
-        return f"surrogate {type(cfg.surrogate).__name__} is not one of {[c.__name__ for c in _SURROGATE_IDS]}"
+    if type(cfg.surrogate) not in _SURROGATE_IDS or not cfg.surrogate.spiking:
+        return (f"surrogate {cfg.surrogate!r} is not one the C++ kernels compute (those: "
+                f"{', '.join(c.__name__ for c in _SURROGATE_IDS)}, with spiking=True)")
     if not jnp.issubdtype(dtype, jnp.floating):
         return f"inputs must be floating point, got {dtype}"
     if len(shape) < 1 or 0 in shape:

@@ -5,7 +5,8 @@ Same contract as ``snnjax.neurons.multistep`` (which dispatches here for
 shape is flattened to ``[T, M]``; gradients flow to ``x_seq``, ``v_init`` and PLIF's ``w``.
 
 What is stored between forward and backward, for every variant (IF / LIF / PLIF,
-hard / soft reset, detach or not, any surrogate): X itself (``[T, M]`` in the input
+hard / soft reset, detach or not, any surrogate whose forward is the step ``1[x >= 0]``, its
+derivative ``grad`` traced into the backward kernel): X itself (``[T, M]`` in the input
 dtype), V_init, V at the start of every later chunk of ``K = options.time_chunk`` steps
 (``[ceil(T/K) - 1, M]``) and ``w``; the backward recomputes H (and for PLIF V_{t-1})
 chunk by chunk from them. Bytes moved per neuron-step, with b the input's
@@ -47,7 +48,9 @@ GPU_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 def unsupported_reason(cfg: B.NeuronConfig, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
     """Why the Pallas path cannot run this neuron on inputs of ``shape``/``dtype`` (None if it can)."""
-    del cfg  # every IF / LIF / PLIF variant and surrogate is handled
+    if not cfg.surrogate.heaviside:  # every IF / LIF / PLIF variant, and any surrogate whose forward is the step
+        return (f"surrogate {cfg.surrogate!r} does not fire the 0/1 step 1[x >= 0] (spiking=False, or a spike "
+                "count) that the kernels compute")
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         return f"inputs must be floating point, got {dtype}"
