@@ -108,10 +108,30 @@ class HeidelbergSource(AugmentedFrames):
         self.path = Path(path)
         self.name = self.path.name
         try:
-            self._file = h5py.File(self.path, "r")
-        except OSError as err:
-            raise ValueError(f"{self.path}: not a readable HDF5 file ({err}): the file is corrupt or truncated; "
-                             "download it again") from err
+            self._open(h5py)
+        except Exception as err:  # noqa: BLE001 (h5py raises OSError, RuntimeError, KeyError, ... for damaged files)
+            if isinstance(err, ValueError) and str(err).startswith(f"{self.path}: "):
+                raise
+            raise ValueError(f"{self.path}: not a readable HDF5 file ({type(err).__name__}: {err}): the file is "
+                             "corrupt or truncated; download it again") from err
+        if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= num_classes):
+            raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
+                             f"[0, {num_classes})")
+        self._lock = threading.Lock()  # h5py serialises access anyway; one reader at a time
+        self._flat = None
+        if cache:
+            folder = Path(cache_dir) if cache_dir is not None else self.path.parent
+            try:
+                self._flat = spike_arrays(self.path, self._times, self._units, folder / f"{self.path.name}.spikes")
+            except ValueError as err:
+                raise ValueError(f"{self.path}: {err}: the file is corrupt") from err
+        self.spec = frames
+        self.num_classes = int(num_classes)
+        self._set_steps()
+
+    def _open(self, h5py) -> None:
+        """Open the file and check its datasets and labels (``ValueError`` naming it; h5py's own errors pass)."""
+        self._file = h5py.File(self.path, "r")
         missing = [k for k in ("spikes/times", "spikes/units", "labels") if k not in self._file]
         if missing:
             raise ValueError(f"{self.path}: no {', '.join(missing)} in the file: not an SHD/SSC release file")
@@ -138,20 +158,6 @@ class HeidelbergSource(AugmentedFrames):
         if self._times.shape[0] != self.labels.shape[0] or self._units.shape[0] != self.labels.shape[0]:
             raise ValueError(f"{self.path}: {self._times.shape[0]} spike-time arrays, {self._units.shape[0]} unit "
                              f"arrays and {self.labels.shape[0]} labels: the file is corrupt")
-        if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= num_classes):
-            raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
-                             f"[0, {num_classes})")
-        self._lock = threading.Lock()  # h5py serialises access anyway; one reader at a time
-        self._flat = None
-        if cache:
-            folder = Path(cache_dir) if cache_dir is not None else self.path.parent
-            try:
-                self._flat = spike_arrays(self.path, self._times, self._units, folder / f"{self.path.name}.spikes")
-            except ValueError as err:
-                raise ValueError(f"{self.path}: {err}: the file is corrupt") from err
-        self.spec = frames
-        self.num_classes = int(num_classes)
-        self._set_steps()
 
     def _set_steps(self) -> None:
         steps = self.spec.time_steps
@@ -176,7 +182,11 @@ class HeidelbergSource(AugmentedFrames):
             times, units = np.asarray(times[lo:hi]), np.asarray(units[lo:hi])
         else:
             with self._lock:
-                times, units = self._times[index], self._units[index]
+                try:
+                    times, units = np.asarray(self._times[index]), np.asarray(self._units[index])
+                except Exception as err:  # noqa: BLE001 (h5py's errors for damaged data vary)
+                    raise ValueError(f"{self.path}: sample {index} cannot be read ({type(err).__name__}: {err}): the "
+                                     "file is corrupt") from err
         if times.shape != units.shape:
             raise ValueError(f"{self.path}: sample {index} has {times.shape[0]} spike times but {units.shape[0]} units")
         if units.size and (units.min() < 0 or units.max() >= NUM_CHANNELS):

@@ -274,8 +274,11 @@ def _check_file_size(path: pathlib.Path, max_elements: int) -> None:
                     total += int(np.prod(obj.shape, dtype=object)) if obj.shape else 1
 
             f["node"].visititems(count)
-    except OSError as e:
-        raise NIRError(f"not a readable HDF5 file ({e}): truncated, damaged or of another format") from None
+    except NIRError:
+        raise
+    except Exception as e:  # noqa: BLE001 (h5py raises OSError, RuntimeError, KeyError, ... for damaged files)
+        raise NIRError(f"not a readable HDF5 file ({type(e).__name__}: {e}): truncated, damaged or of another "
+                       "format") from None
     if total > max_elements:
         raise NIRError(f"its arrays declare {total} elements, over max_elements={max_elements} (pass a larger "
                        "max_elements to from_nir if the model really is that large)")
