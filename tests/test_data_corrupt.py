@@ -211,8 +211,8 @@ def shd_file(path, times=(0.1, 0.2), units=(1, 2), labels=(0,), *, times_dtype=n
     ({"times": (0.1, np.nan)}, "sample 0 has 1 NaN, infinite or negative spike times"),
     ({"times": (-0.1, 0.2)}, "sample 0 has 1 NaN, infinite or negative spike times"),
     ({"labels": (1.7,), "labels_dtype": np.float32}, "1 labels are not whole numbers (e.g. 1.7"),
-    ({"units_dtype": np.float32}, "spikes/units is object of shape (1,); SHD/SSC files hold one variable-length "
-                                  "array of integers per sample"),
+    ({"units_dtype": np.float32}, "spikes/units is variable-length float32 of shape (1,); SHD/SSC files hold one "
+                                  "variable-length array of integers per sample"),
     ({"fixed": True}, "spikes/times is float32 of shape (1, 2); SHD/SSC files hold one variable-length"),
     ({"labels": ()}, "holds no samples"),
 ])

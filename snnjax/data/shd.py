@@ -141,8 +141,9 @@ class HeidelbergSource(AugmentedFrames):
             ds = self._file[key]
             base = h5py.check_vlen_dtype(ds.dtype) if isinstance(ds, h5py.Dataset) else None
             if base is None or ds.ndim != 1 or base.kind not in kinds:
-                raise ValueError(f"{self.path}: {key} is {getattr(ds, 'dtype', 'a group')} of shape "
-                                 f"{getattr(ds, 'shape', None)}; SHD/SSC files hold one variable-length array of "
+                found = ("a group" if not isinstance(ds, h5py.Dataset) else
+                         f"{'variable-length ' if base is not None else ''}{base or ds.dtype} of shape {ds.shape}")
+                raise ValueError(f"{self.path}: {key} is {found}; SHD/SSC files hold one variable-length array of "
                                  f"{what} per sample: not an SHD/SSC release file")
         raw_labels = self._file["labels"]
         if not isinstance(raw_labels, h5py.Dataset) or raw_labels.ndim != 1 or raw_labels.dtype.kind not in "fiu":

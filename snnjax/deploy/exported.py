@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import pathlib
+import struct
 import zipfile
 from typing import Any
 
@@ -103,7 +104,9 @@ def load_exported(path: str | pathlib.Path) -> ExportedModel:
                 raise bad(f"meta.json is {infos['meta.json'].file_size} bytes (at most {MAX_META_BYTES})")
             meta = _check_meta(z.read("meta.json"), "single_step.jax" in infos, bad)
             data = {name: z.read(name) for name in infos if name != "meta.json"}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
+    except ExportedFileError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as e:
         raise bad(f"unreadable zip archive ({type(e).__name__}: {e})") from None
     for name, blob in data.items():
         if sha256(blob) != meta["sha256"].get(name):
@@ -197,7 +200,9 @@ def _read_npz(blob: bytes, bad) -> list[np.ndarray]:
                 if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
                     raise bad(f"params.npz: {name} is compressed; the format stores arrays uncompressed")
                 arrays.append(_read_npy(z.read(name), f"params.npz: {name}", bad))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+    except ExportedFileError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as e:
         raise bad(f"params.npz is not a readable npz ({type(e).__name__}: {e})") from None
     return arrays
 
