@@ -13,6 +13,7 @@ from flax import nnx
 from helpers import F64, deploy_model, gesture_sequential, randomize_batch_norm
 
 from snnjax import layers
+from snnjax.deploy import nir as nir_lib
 from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
@@ -225,3 +226,15 @@ def test_graph_shapes_are_checked_before_a_model_is_built(input_shape, reason):
     graph.nodes["input"] = nir.Input(input_type=np.array(input_shape))
     with pytest.raises(NIRError, match=re.escape(reason)):
         from_nir(graph)
+
+
+@pytest.mark.parametrize(("child", "reason"), [
+    ("import time\ntime.sleep(60)\n", "reading it did not finish within read_timeout=1 s"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "reading it crashed the HDF5 library (signal 11"),
+])
+def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(mlp_file, monkeypatch, child, reason):
+    """from_nir reads the file in a child process first (libhdf5 spins on some damaged heaps): here a child that
+    hangs or crashes as libhdf5 did on a fuzzed file."""
+    monkeypatch.setattr(nir_lib, "_TRIAL_READ", child)
+    with pytest.raises(NIRError, match=re.escape(f"{mlp_file}: {reason}")):
+        from_nir(mlp_file, read_timeout=1)

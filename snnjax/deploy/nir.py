@@ -28,14 +28,18 @@ strided or padded pooling and graphs that are not a chain.
 
 Reading an untrusted file: ``from_nir(path)`` first opens it with h5py and adds up the element counts its
 datasets declare (``max_elements``, default :data:`MAX_ELEMENTS`), so a small file claiming huge arrays is refused
-before ``nir.read`` reads any; then, before building anything, it walks the chain checking every shape against
-the input and the layer before (positive sizes, matching channels and features) and every weight and neuron
-parameter for NaN or infinity. Every fault raises :class:`NIRError` naming the file. NIR files hold arrays and
+before ``nir.read`` reads any; reads it once in a child process (``read_timeout`` seconds at most), since libhdf5
+can spin for minutes on a damaged heap, or crash, in native code; then, before building anything, walks the
+chain checking every shape against the input and the layer before (positive sizes, matching channels and
+features) and every weight and neuron parameter for NaN or infinity. Every fault raises :class:`NIRError`
+naming the file. NIR files hold arrays and
 strings only (HDF5, no pickle).
 """
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -53,6 +57,9 @@ from snnjax.neurons.modules import BaseNode
 
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
 MAX_ELEMENTS = 1 << 27  # default bound on the elements a NIR file's arrays and an imported model's layers may hold
+READ_TIMEOUT = 120.0  # seconds a trial read of a NIR file may take
+# Run in a child process first: libhdf5 can spin for minutes on a damaged heap, or crash, in native code.
+_TRIAL_READ = "import sys, nir\nnir.read(sys.argv[1])\n"
 
 
 class NIRError(ValueError):
@@ -235,11 +242,13 @@ def _training_settings(node) -> dict[str, Any]:
 
 
 def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: nnx.Rngs | None = None,
-             dtype=None, param_dtype=None, max_elements: int = MAX_ELEMENTS) -> Sequential:
+             dtype=None, param_dtype=None, max_elements: int = MAX_ELEMENTS,
+             read_timeout: float = READ_TIMEOUT) -> Sequential:
     """A ``Sequential`` (``Sequential.from_specs``) computing NIR ``graph`` (or the file it is in), in eval mode.
 
     ``dt``: seconds per time step the graph's time constants are read with (as written by ``to_nir``).
     ``max_elements``: the most array elements the file may declare and any one activation or weight may hold.
+    ``read_timeout``: seconds the trial read of a file (in a child process) may take.
 
     Raises:
       NIRError: a node, parameter, shape or topology outside the mapping (see the module docstring), or a file
@@ -249,6 +258,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
         return _from_graph(graph, dt, rngs, dtype, param_dtype, max_elements)
     try:
         _check_file_size(pathlib.Path(graph), max_elements)
+        _trial_read(pathlib.Path(graph), read_timeout)
         try:
             loaded = nir.read(graph)
         except Exception as e:  # noqa: BLE001 (nir.read raises many types for files it cannot parse)
@@ -282,6 +292,20 @@ def _check_file_size(path: pathlib.Path, max_elements: int) -> None:
     if total > max_elements:
         raise NIRError(f"its arrays declare {total} elements, over max_elements={max_elements} (pass a larger "
                        "max_elements to from_nir if the model really is that large)")
+
+
+def _trial_read(path: pathlib.Path, timeout: float) -> None:
+    """``nir.read(path)`` in a child process: refuse a file that makes it hang past ``timeout`` s or crash."""
+    try:
+        result = subprocess.run([sys.executable, "-c", _TRIAL_READ, str(path)], capture_output=True, text=True,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NIRError(f"reading it did not finish within read_timeout={timeout:g} s (a trial read in a separate "
+                       "process; damaged HDF5 heaps make libhdf5 spin): the file is damaged") from None
+    if result.returncode < 0:
+        raise NIRError(f"reading it crashed the HDF5 library (signal {-result.returncode}, in a trial read in a "
+                       "separate process): the file is damaged")
+    # A Python error in the child is raised again, with its message, by the read in this process.
 
 
 def _finite(name: str, what: str, value) -> np.ndarray:
