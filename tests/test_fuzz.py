@@ -26,9 +26,9 @@ from helpers import (
     aedat31_packet,
     aedat_bytes,
     nmnist_bytes,
+    ragged,
     random_aedat,
     random_events,
-    write_shd_h5,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -198,14 +198,34 @@ def test_fuzz_nir_file(tmp_path):
     fuzz(path.read_bytes(), from_nir, NIRError, suffix=".nir", examples=max(EXAMPLES // 10, 1))
 
 
-def test_fuzz_shd_file(tmp_path):
-    rng = np.random.default_rng(4)
-    samples = [(np.sort(rng.uniform(0, 1, 20)).astype(np.float16), rng.integers(0, 700, 20).astype(np.uint16))
-               for _ in range(3)]
-    write_shd_h5(tmp_path / "v.h5", samples, [0, 5, 19])
+def test_fuzz_shd_file_contents(tmp_path):
+    """Drawn datasets (dtypes, fixed or variable length, NaN, infinite, negative or huge values, labels): a
+    ValueError naming the file or frames. (Damaged bytes are not drawn here: libhdf5 spins for minutes on some
+    damaged heaps, in native code, which the SHD reader does not guard; docs/files.md.)"""
+    import h5py  # noqa: PLC0415
 
-    def read(path):
-        source = HeidelbergSource(path, 20, FrameSpec(time_steps=2), cache=False)
-        return source.read(np.arange(len(source)))
+    numbers = st.sampled_from([0.0, 0.5, 1.0, -1.0, np.nan, np.inf, 1e30, 699, 700, 2**31, -(2**31)])
+    dtypes = st.sampled_from([np.float16, np.float32, np.float64, np.int32, np.uint16, np.int64])
 
-    fuzz((tmp_path / "v.h5").read_bytes(), read, suffix=".h5")
+    @settings(FUZZ, max_examples=max(EXAMPLES // 2, 1))
+    @given(n=st.integers(0, 3), length=st.integers(0, 5), times=numbers, units=numbers, label=numbers,
+           dtype_t=dtypes, dtype_u=dtypes, dtype_l=dtypes, fixed=st.booleans())
+    def run(n, length, times, units, label, dtype_t, dtype_u, dtype_l, fixed):
+        with tempfile.TemporaryDirectory() as folder:
+            path = pathlib.Path(folder) / "shd_train.h5"
+            with np.errstate(invalid="ignore", over="ignore"), h5py.File(path, "w") as f:
+                for name, value, dtype in (("spikes/times", times, dtype_t), ("spikes/units", units, dtype_u)):
+                    rows = [np.sort(np.full(length, value).astype(dtype)) for _ in range(n)]
+                    if fixed:
+                        f.create_dataset(name, data=np.zeros((n, length), dtype) if not rows else np.stack(rows))
+                    else:
+                        f.create_dataset(name, data=ragged(rows), dtype=h5py.vlen_dtype(dtype))
+                f.create_dataset("labels", data=np.full(n, label).astype(dtype_l))
+            try:
+                source = HeidelbergSource(path, 20, FrameSpec(time_steps=2), cache=False)
+                frames, _ = source.read(np.arange(len(source)))
+                assert np.isfinite(frames).all()
+            except ValueError as e:
+                assert str(path) in str(e), e
+
+    run()
