@@ -433,8 +433,11 @@ def test_corrupt_checkpoints_are_refused_and_a_damaged_latest_falls_back(tmp_pat
 
     flip_bytes(ckpts / "10")  # flipped back: step 10 is as saved again; 20 stays damaged
     damaged = tree_hash(ckpts / "20")
-    with pytest.warns(RuntimeWarning, match=r"resuming from checkpoint \S+/10: the newer step\(s\) \[20\] failed"):
+    with pytest.warns(RuntimeWarning) as warned:
         assert train_and_evaluate(c, tmp_path)["steps"] == 30
+    first, second = (str(w.message) for w in warned)
+    assert first.startswith(f"checkpoint {ckpts / '20'} is corrupt: 1 file(s) differ from its digest")
+    assert second.startswith(f"resuming from checkpoint {ckpts / '10'}: the newer step(s) [20] failed their checks")
     assert tree_hash(ckpts / "20.corrupt") == damaged and sorted(p.name for p in ckpts.iterdir()) == [
         "10", "20", "20.corrupt", "30"]
 
