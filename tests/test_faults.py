@@ -350,13 +350,16 @@ def test_sigkill_during_checkpoint_writes_leaves_the_latest_complete_step_restor
         wanted = int(rng.integers(2, 6))  # past the first saves, then a random moment within a save
         while int(proc.stdout.readline() or wanted) < wanted:
             pass
-        proc.stdout.close()  # the child may block on a full pipe no more
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(rng.uniform(0, 0.05))  # (the pipe holds thousands of lines: the child does not block on it)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
         steps = complete_steps(directory)
         assert steps, f"trial {trial}: no complete checkpoint after step {wanted}"
-        assert all(check_digest(directory / str(s)) for s in steps)
+        # The latest passes its digest; an older one may have lost files (the digest first) to a kill while keep=2
+        # deleted it, and restores only if every newer one fails (then unverified, as a step from before digests).
+        assert check_digest(directory / str(steps[-1])) and all(check_digest(directory / str(s)) in (True, False)
+                                                                 for s in steps)
         reader = Checkpointer(directory, read_only=True)
         restored, meta = reader.restore(template)
         reader.close()

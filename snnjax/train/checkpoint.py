@@ -19,7 +19,8 @@ step. :meth:`Checkpointer.restore` checks it before reading any array: a step wh
 bit, a truncated or missing file) is refused, and a resume from the latest step falls back, with a warning
 naming the damaged steps, to the newest step that checks out. Nothing is deleted: :func:`set_aside` renames the
 damaged steps ``<step>.corrupt`` once a run continues from an earlier step, so the steps it saves again do not
-collide with them. A step without a digest (written before digests were kept) restores unverified.
+collide with them. A step without a digest (written before digests were kept, or an old step a kill caught while
+keep-N deleted it, file by file) restores unverified, and only when every newer step failed.
 """
 from __future__ import annotations
 
