@@ -376,3 +376,35 @@ def wandb_history(run_file) -> list[dict[str, float]]:
                 items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
                 rows.append({k: float(v) for k, v in items.items() if not k.startswith("_") or k == "_step"})
     return rows
+
+
+AEDAT31_HEADER = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#Source 1: DVS128\r\n#!END-HEADER\r\n"
+
+
+def aedat31_packet(kind, events, overflow, size=8):
+    """One AEDAT 3.1 packet: 28-byte header, then ``events`` as (data word, timestamp) pairs."""
+    out = struct.pack("<hhiiiiii", kind, 1, size, 4, overflow, len(events), len(events), len(events))
+    for data, ts in events:
+        out += struct.pack("<Ii", data, ts)
+    return out
+
+
+def aedat31_event_word(x, y, p, valid=1):
+    return (x << 17) | (y << 2) | (p << 1) | valid
+
+
+def ragged(arrays):
+    arrays = list(arrays)
+    out = np.empty(len(arrays), dtype=object)
+    out[:] = list(arrays)
+    return out
+
+
+def write_shd_h5(path, samples, labels):
+    """An SHD/SSC release file: ``samples`` of (float16 times, uint16 units), ``labels``."""
+    import h5py  # noqa: PLC0415
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("spikes/times", data=ragged(s[0] for s in samples), dtype=h5py.vlen_dtype(np.float16))
+        f.create_dataset("spikes/units", data=ragged(s[1] for s in samples), dtype=h5py.vlen_dtype(np.uint16))
+        f.create_dataset("labels", data=np.asarray(labels, np.uint16))

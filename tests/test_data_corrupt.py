@@ -1,19 +1,35 @@
-"""Corrupt event files: a ValueError that names the file and what is wrong, also through the prefetch thread.
+"""Corrupt data files: a ValueError that names the file and what is wrong, also through the prefetch thread.
 
 Valid files are written in the real formats by ``helpers``' event-file writers;
 each case then damages one the way a bad download, a full disk or a wrong file does.
 """
+import io
 import re
 import struct
 
+import h5py
 import numpy as np
 import pytest
-from helpers import AEDAT_HEADER, aedat_bytes, nmnist_bytes, random_aedat, random_events, write_cifar10dvs
+from helpers import (
+    AEDAT31_HEADER,
+    AEDAT_HEADER,
+    aedat31_event_word,
+    aedat31_packet,
+    aedat_bytes,
+    nmnist_bytes,
+    ragged,
+    random_aedat,
+    random_events,
+    write_cifar10dvs,
+)
+from PIL import Image
 
 from snnjax.data import Loader
 from snnjax.data.cifar10dvs import read_cifar10dvs_aedat
+from snnjax.data.dvs128_gesture import MAX_TS_OVERFLOW, read_aedat31, read_labels_csv
 from snnjax.data.event_folder import EventFolderSource
 from snnjax.data.events import Events, check_events
+from snnjax.data.image_folder import load_image
 from snnjax.data.nmnist import read_nmnist_bin
 from snnjax.data.registry import get_source
 
@@ -134,3 +150,102 @@ def test_a_reader_that_checks_nothing_still_gets_the_file_named(tmp_path):
                                time_steps=1, cache=False)
     with pytest.raises(ValueError, match=re.escape(f"{path}: event coordinates outside a 16x16 frame")):
         source.read([0])
+
+
+# ----------------------------------------------------------------------------- hostile headers and payloads
+
+@pytest.mark.parametrize(("payload", "reason"), [
+    (b"\xff" * 800, "all timestamps are 4294967295 (a payload of repeated bytes"),
+    (b"\x00" * 800, "all timestamps are 0 (a payload of repeated bytes"),
+])
+def test_aedat2_payloads_of_one_repeated_byte_are_refused(tmp_path, payload, reason):
+    path = tmp_path / "cifar10_cat_0.aedat"
+    path.write_bytes(AEDAT_HEADER + payload)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a valid recording") + ".*" + re.escape(reason)):
+        read_cifar10dvs_aedat(path)
+
+
+def test_aedat31_timestamp_overflow_is_bounded(tmp_path):
+    path = tmp_path / "user01_led.aedat"
+    events = [(aedat31_event_word(i % 128, 3, 1), 100 * i) for i in range(20)]
+    for overflow, ok in ((MAX_TS_OVERFLOW, True), (1 << 30, False), (-1, False)):
+        path.write_bytes(AEDAT31_HEADER + aedat31_packet(1, events, overflow))
+        if ok:
+            assert read_aedat31(path).t[0] == MAX_TS_OVERFLOW << 31
+            continue
+        with pytest.raises(ValueError, match=re.escape(f"{path}: packet at byte 61 has timestamp overflow {overflow}, "
+                                                       f"outside [0, {MAX_TS_OVERFLOW}]")):
+            read_aedat31(path)
+
+
+@pytest.mark.parametrize(("rows", "reason"), [
+    ("3,5000,1000\n", "row 2 (3,5000,1000) is not a window 0 <= start < end"),
+    ("3,-50,1000\n", "row 2 (3,-50,1000) is not a window"),
+    ("3,100,100\n", "row 2 (3,100,100) is not a window"),
+    ("3,100,900\n4,1000,2000\n3,100,900\n", "row 2 (3,100,900) appears 2 times"),
+    ("", "no rows"),
+    ("3,1.5,900\n", "not a labels CSV"),
+])
+def test_gesture_label_windows_are_checked(tmp_path, rows, reason):
+    path = tmp_path / "user01_led_labels.csv"
+    path.write_text("class,startTime_usec,endTime_usec\n" + rows)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ") + ".*" + re.escape(reason)):
+        read_labels_csv(path)
+
+
+def shd_file(path, times=(0.1, 0.2), units=(1, 2), labels=(0,), *, times_dtype=np.float32, units_dtype=np.uint16,
+             labels_dtype=np.uint16, fixed=False):
+    """An SHD file of one sample (or none, ``labels=()``), its datasets of the given dtypes."""
+    with h5py.File(path, "w") as f:
+        for name, values, dtype in (("spikes/times", times, times_dtype), ("spikes/units", units, units_dtype)):
+            if fixed:
+                f.create_dataset(name, data=np.asarray([values] * len(labels), dtype))
+            else:
+                f.create_dataset(name, data=ragged([np.asarray(values, dtype)] * len(labels)),
+                                 dtype=h5py.vlen_dtype(dtype))
+        f.create_dataset("labels", data=np.asarray(labels, labels_dtype))
+    return path
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"times": (0.1, np.nan)}, "sample 0 has 1 NaN, infinite or negative spike times"),
+    ({"times": (-0.1, 0.2)}, "sample 0 has 1 NaN, infinite or negative spike times"),
+    ({"labels": (1.7,), "labels_dtype": np.float32}, "1 labels are not whole numbers (e.g. 1.7"),
+    ({"units_dtype": np.float32}, "spikes/units is variable-length float32 of shape (1,); SHD/SSC files hold one "
+                                  "variable-length array of integers per sample"),
+    ({"fixed": True}, "spikes/times is float32 of shape (1, 2); SHD/SSC files hold one variable-length"),
+    ({"labels": ()}, "holds no samples"),
+])
+def test_shd_files_with_impossible_spikes_or_labels_are_refused(tmp_path, kwargs, reason):
+    path = shd_file(tmp_path / "shd_train.h5", **kwargs)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ") + ".*" + re.escape(reason)):
+        source = get_source("shd", "train", data_dir=tmp_path, time_steps=2, cache_dir=tmp_path / "cache")
+        source.read(np.arange(len(source)))
+
+
+def jpeg_bytes(width=16, height=16) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def with_size(content: bytes, width: int, height: int) -> bytes:
+    """A JPEG whose frame header claims ``width x height`` (the scan data unchanged)."""
+    i = content.find(b"\xff\xc0") + 5
+    return content[:i] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + content[i + 4:]
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (lambda b: with_size(b, 9000, 9000), "its header claims 9000x9000 pixels from"),
+    (lambda b: with_size(b, 65000, 65000), "could be decompression bomb"),
+    (lambda b: b[:len(b) * 2 // 3], "Truncated File Read"),
+    (lambda b: b[:-2], "the JPEG has no end-of-image marker"),
+    (lambda b: b"", "cannot identify image file"),
+])
+def test_image_bombs_and_truncated_jpegs_are_refused(tmp_path, damage, reason):
+    path = tmp_path / "a.JPEG"
+    path.write_bytes(jpeg_bytes())
+    assert load_image(path, 8, None, False).shape == (8, 8, 3)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: cannot decode the image (") + ".*" + re.escape(reason)):
+        load_image(path, 8, None, False)

@@ -2,29 +2,15 @@
 
 Expected values are computed in this file with plain loops over the events it wrote.
 """
-import struct
 
 import numpy as np
 import pytest
+from helpers import AEDAT31_HEADER, aedat31_event_word, aedat31_packet
 
 from snnjax.data import Loader
 from snnjax.data import dvs128_gesture as gesture
 from snnjax.data.dvs128_gesture import SPIKINGJELLY_LABEL, read_aedat31
 from snnjax.data.registry import get_source
-
-HEADER = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#Source 1: DVS128\r\n#!END-HEADER\r\n"
-
-
-def packet(kind, events, overflow, size=8):
-    """One AEDAT 3.1 packet: 28-byte header, then ``events`` as (data word, timestamp) pairs."""
-    out = struct.pack("<hhiiiiii", kind, 1, size, 4, overflow, len(events), len(events), len(events))
-    for data, ts in events:
-        out += struct.pack("<Ii", data, ts)
-    return out
-
-
-def event_word(x, y, p, valid=1):
-    return (x << 17) | (y << 2) | (p << 1) | valid
 
 
 def write_recording(folder, name, windows, rng, per_window=40, overflow_from=None):
@@ -42,11 +28,11 @@ def write_recording(folder, name, windows, rng, per_window=40, overflow_from=Non
             for ti in half.tolist():
                 x, y, p, v = (int(rng.integers(0, 128)), int(rng.integers(0, 128)), int(rng.integers(0, 2)),
                               int(rng.random() < 0.9))
-                events.append((event_word(x, y, p, v), ti & 0x7FFFFFFF))
+                events.append((aedat31_event_word(x, y, p, v), ti & 0x7FFFFFFF))
                 written.append((ti, x, y, p, v))
-            body += packet(1, events, overflow)
-        body += packet(2, [(0xFFFFFFFF, 5)], 0)  # a special-event packet: skipped
-    (folder / f"{name}.aedat").write_bytes(HEADER + body)
+            body += aedat31_packet(1, events, overflow)
+        body += aedat31_packet(2, [(0xFFFFFFFF, 5)], 0)  # a special-event packet: skipped
+    (folder / f"{name}.aedat").write_bytes(AEDAT31_HEADER + body)
     csv = "class,startTime_usec,endTime_usec\n" + "".join(f"{c},{s},{e}\n" for c, s, e in windows)
     (folder / f"{name}_labels.csv").write_text(csv)
     return written
@@ -121,7 +107,7 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
     (root / "user01_led_labels.csv").unlink()
     with pytest.raises(FileNotFoundError, match="user01_led_labels.csv.*DvsGesture.tar.gz"):
         get_source("dvs128_gesture", "train", data_dir=tmp_path)
-    (root / "user24_lab.aedat").write_bytes(HEADER + b"\x01\x00" * 20)
+    (root / "user24_lab.aedat").write_bytes(AEDAT31_HEADER + b"\x01\x00" * 20)
     src = get_source("dvs128_gesture", "test", data_dir=tmp_path, cache=False)
     with pytest.raises(ValueError, match="user24_lab.aedat.*truncated"):
         src.read([0])

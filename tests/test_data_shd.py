@@ -6,27 +6,13 @@ builders (number: equal counts; time: exact division of the span; duration: 1000
 import math
 import os
 
-import h5py
 import numpy as np
 import pytest
+from helpers import write_shd_h5
 
 from snnjax.data import Loader
 from snnjax.data.frames import FrameSpec
 from snnjax.data.registry import get_source
-
-
-def ragged(arrays):
-    arrays = list(arrays)
-    out = np.empty(len(arrays), dtype=object)
-    out[:] = list(arrays)
-    return out
-
-
-def write_h5(path, samples, labels):
-    with h5py.File(path, "w") as f:
-        f.create_dataset("spikes/times", data=ragged(s[0] for s in samples), dtype=h5py.vlen_dtype(np.float16))
-        f.create_dataset("spikes/units", data=ragged(s[1] for s in samples), dtype=h5py.vlen_dtype(np.uint16))
-        f.create_dataset("labels", data=np.asarray(labels, np.uint16))
 
 
 def make_samples(rng, n, count=50):
@@ -76,8 +62,8 @@ def loop_duration(times, units, duration, steps):
 def shd_dir(tmp_path):
     rng = np.random.default_rng(0)
     train, test = make_samples(rng, 6), make_samples(rng, 3, count=9)
-    write_h5(tmp_path / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
-    write_h5(tmp_path / "shd_test.h5", test, [1, 2, 3])
+    write_shd_h5(tmp_path / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
+    write_shd_h5(tmp_path / "shd_test.h5", test, [1, 2, 3])
     return tmp_path, train, test
 
 
@@ -124,7 +110,7 @@ def test_custom_integrator_and_resume(shd_dir):
 
 def test_ssc_splits_and_errors(tmp_path):
     rng = np.random.default_rng(1)
-    write_h5(tmp_path / "ssc_valid.h5", make_samples(rng, 2), [34, 0])
+    write_shd_h5(tmp_path / "ssc_valid.h5", make_samples(rng, 2), [34, 0])
     src = get_source("ssc", "valid", data_dir=tmp_path, time_steps=2)
     assert src.num_classes == 35 and len(src) == 2
     with pytest.raises(FileNotFoundError, match="ssc_train.h5.*zenkelab"):
@@ -132,7 +118,7 @@ def test_ssc_splits_and_errors(tmp_path):
     (tmp_path / "ssc_test.h5").write_bytes(b"not hdf5" * 10)
     with pytest.raises(ValueError, match="ssc_test.h5.*HDF5"):
         get_source("ssc", "test", data_dir=tmp_path)
-    write_h5(tmp_path / "shd_train.h5", [(np.array([0.1, 0.1], np.float16), np.array([1, 2], np.uint16))], [0])
+    write_shd_h5(tmp_path / "shd_train.h5", [(np.array([0.1, 0.1], np.float16), np.array([1, 2], np.uint16))], [0])
     with pytest.raises(ValueError, match="shd_train.h5: sample 0.*split_by='number'"):
         get_source("shd", "train", data_dir=tmp_path, split_by="duration", duration=5).read([0])
 
@@ -149,7 +135,7 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
             np.testing.assert_array_equal(u, units)
     rng = np.random.default_rng(5)
     new = make_samples(rng, 2, count=7)
-    write_h5(root / "new.h5", new, [1, 2])
+    write_shd_h5(root / "new.h5", new, [1, 2])
     os.replace(root / "new.h5", root / "shd_train.h5")  # the file changes: the copy is rebuilt
     again = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=str(root))
     assert len(again) == 2

@@ -1,5 +1,8 @@
 """The exported model (jax.export, symbolic batch) runs in a fresh process from the file alone and reproduces logits."""
+import hashlib
+import io
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -13,7 +16,7 @@ from helpers import ROOT, load_config, randomize_batch_norm
 
 from snnjax import Sequential, layers
 from snnjax.deploy import export as export_lib
-from snnjax.deploy.exported import load_exported
+from snnjax.deploy.exported import ExportedFileError, load_exported
 from snnjax.deploy.run import load_run
 from snnjax.models import CIFAR10DVSVGG
 from snnjax.neurons import LIFNode
@@ -109,5 +112,94 @@ def test_a_model_streaming_refuses_exports_without_a_single_step(x64, tmp_path):
 
 def test_loader_refuses_other_files(tmp_path):
     (tmp_path / "x.bin").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="not a model written by python -m snnjax.export"):
+    with pytest.raises(ExportedFileError, match="x.bin: unreadable zip archive .*not an intact model written by "
+                                                "python -m snnjax.export"):
         load_exported(tmp_path / "x.bin")
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory) -> bytes:
+    """A valid export of a tiny MLP with a single step, as bytes."""
+    rngs = nnx.Rngs(0)
+    model = Sequential(layers.linear(3, 4, rngs=rngs), LIFNode(step_mode="m"), layers.linear(4, 2, rngs=rngs))
+    out = tmp_path_factory.mktemp("export") / "m.bin"
+    export_lib.export_model(model, (3,), 2, jnp.float32, str(out), platforms=["cpu"])
+    return out.read_bytes()
+
+
+def rewrite(content: bytes, compression=zipfile.ZIP_STORED, fix_digests=True, **members) -> bytes:
+    """``content`` (an export) with ``members`` replaced (None: removed); meta.json's digests follow unless not
+    ``fix_digests``."""
+    with zipfile.ZipFile(io.BytesIO(content)) as z:
+        files = {name: z.read(name) for name in z.namelist()}
+    files.update(members)
+    files = {k: v for k, v in files.items() if v is not None}
+    if fix_digests and "meta.json" not in members:
+        meta = json.loads(files["meta.json"])
+        meta["sha256"] = {k: hashlib.sha256(v).hexdigest() for k, v in files.items() if k != "meta.json"}
+        files["meta.json"] = json.dumps(meta).encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return buffer.getvalue()
+
+
+def npz(*arrays, header_shape=None) -> bytes:
+    """An npz of ``arrays`` (``p0``, ``p1``, ...); ``header_shape``: what the first array's header claims."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for i, a in enumerate(arrays):
+            npy = io.BytesIO()
+            header = {"descr": np.lib.format.dtype_to_descr(a.dtype), "fortran_order": False,
+                      "shape": header_shape if i == 0 and header_shape else a.shape}
+            np.lib.format.write_array_header_1_0(npy, header)
+            z.writestr(f"p{i}.npy", npy.getvalue() + (a.tobytes() if a.dtype != object else b"\x80\x04."))
+    return buffer.getvalue()
+
+
+def meta_of(content: bytes, **changes) -> bytes:
+    meta = json.loads(zipfile.ZipFile(io.BytesIO(content)).read("meta.json"))
+    return json.dumps({**meta, **changes}).encode()
+
+
+BAD_EXPORTS = {  # name: (damage, what the error says)
+    "a member inflating to 64 MiB": (lambda b: rewrite(b, zipfile.ZIP_DEFLATED, **{"multi_step.jax": bytes(1 << 26)}),
+                                     "member meta.json is compressed"),
+    "a member's bytes changed": (lambda b: rewrite(b, fix_digests=False, **{"multi_step.jax": b"\0" * 100}),
+                                 "multi_step.jax's SHA-256 differs"),
+    "meta.json not JSON": (lambda b: rewrite(b, **{"meta.json": b"{nope"}), "meta.json is not JSON"),
+    "meta.json of 2 MiB": (lambda b: rewrite(b, **{"meta.json": b" " * (2 << 20)}), "meta.json is 2097152 bytes"),
+    "meta.json a list": (lambda b: rewrite(b, **{"meta.json": b"[1]"}), "meta.json is not a JSON object"),
+    "the first format": (lambda b: rewrite(b, **{"meta.json": meta_of(b, format="snnjax-export-1")}),
+                         "written before checksums were kept"),
+    "bad fields": (lambda b: rewrite(b, **{"meta.json": meta_of(b, frame_shape=[0], dtype="object")}),
+                   "frame_shape is not a list of positive ints; dtype 'object'"),
+    "no params": (lambda b: rewrite(b, **{"params.npz": None}), "no params.npz in the archive"),
+    "an extra member": (lambda b: rewrite(b, **{"x.py": b"print(1)"}), "unexpected or repeated member 'x.py'"),
+    "NaN parameters": (lambda b: rewrite(b, **{"params.npz": npz(np.full((3, 4), np.nan, np.float32))}),
+                       "params.npz: p0.npy holds 12 NaN or infinite values"),
+    "an array header claiming 2^40 elements": (
+        lambda b: rewrite(b, **{"params.npz": npz(np.zeros(4, np.float32), header_shape=(1 << 40,))}),
+        "header claims (1099511627776,) float32"),
+    "pickled parameters": (lambda b: rewrite(b, **{"params.npz": npz(np.array([{}], object))}), "holds Python objects"),
+    "not a serialisation": (lambda b: rewrite(b, **{"multi_step.jax": b"\x00" * 64}),
+                            "multi_step.jax is not a jax.export serialisation"),
+    "truncated": (lambda b: b[:len(b) // 2], "unreadable zip archive"),
+    "empty": (lambda b: b"", "unreadable zip archive"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_EXPORTS)
+def test_damaged_exports_are_refused_before_deserialising(small_file, tmp_path, case):
+    damage, reason = BAD_EXPORTS[case]
+    path = tmp_path / "m.bin"
+    path.write_bytes(damage(small_file))
+    with pytest.raises(ExportedFileError, match=re.escape(f"{path}: ") + ".*" + re.escape(reason)):
+        load_exported(path)
+
+
+def test_the_small_export_loads(small_file, tmp_path):
+    (tmp_path / "m.bin").write_bytes(small_file)
+    model = load_exported(tmp_path / "m.bin")
+    assert model(np.ones((2, 5, 3), np.float32)).shape == (2, 5, 2)

@@ -12,16 +12,19 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from flax import struct
 from helpers import ROOT, load_config, start_until_checkpoint
 from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
 
 from snnjax.data import Loader
 from snnjax.train import base_config, loop, train_and_evaluate, validate
-from snnjax.train.checkpoint import CheckpointError, complete_steps
+from snnjax.train.checkpoint import Checkpointer, CheckpointError, check_digest, complete_steps
 from snnjax.train.loop import NonFiniteError, Preempted
 
 STEPS = 6
@@ -292,3 +295,76 @@ def test_a_failed_first_checkpoint_leaves_a_workdir_a_fresh_run_can_use(tmp_path
     monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", real)
     train_and_evaluate(c, tmp_path)
     assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
+
+
+# ----------------------------------------------------------------------------- SIGKILL during checkpoint writes
+
+# Saves step 1, 2, ... (keep 2) of a state whose every array is a function of the step, printing each step once
+# its save started, until killed.
+SAVER = """
+import sys
+import jax, jax.numpy as jnp
+from flax import struct
+from snnjax.train.checkpoint import Checkpointer
+
+@struct.dataclass
+class State:
+    step: jax.Array
+    params: dict
+    model_state: dict
+    opt_state: dict
+
+def state(step):
+    return State(jnp.int32(step), {"w": jnp.arange(4096.0) * step, "b": jnp.full(3, step + 0.5)}, {},
+                 {"mu": jnp.arange(4096.0) + 4096 * step})  # exact in float32
+
+c = Checkpointer(sys.argv[1], keep=2)
+step = 0
+while True:
+    step += 1
+    c.save(state(step), {"step": step})
+    print(step, flush=True)
+"""
+KILL_TRIALS = int(os.environ.get("SNNJAX_KILL_TRIALS", "1"))
+
+
+def test_sigkill_during_checkpoint_writes_leaves_the_latest_complete_step_restorable(tmp_path):
+    """Killed at random moments of a stream of saves (array files, metadata, the digest, the rename, the deletion
+    of old steps): every complete step passes its digest and the latest restores to exactly what was saved.
+    ``SNNJAX_KILL_TRIALS=50`` for the by-hand run."""
+
+
+    @struct.dataclass
+    class State:
+        step: object
+        params: dict
+        model_state: dict
+        opt_state: dict
+
+    template = State(jnp.int32(0), {"w": jnp.zeros(4096), "b": jnp.zeros(3)}, {}, {"mu": jnp.zeros(4096)})
+    rng = np.random.default_rng(0)
+    for trial in range(KILL_TRIALS):
+        directory = tmp_path / str(trial)
+        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(directory)], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
+        wanted = int(rng.integers(2, 6))  # past the first saves, then a random moment within a save
+        while int(proc.stdout.readline() or wanted) < wanted:
+            pass
+        time.sleep(rng.uniform(0, 0.05))  # (the pipe holds thousands of lines: the child does not block on it)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        steps = complete_steps(directory)
+        assert steps, f"trial {trial}: no complete checkpoint after step {wanted}"
+        # The latest passes its digest; an older one may have lost files (the digest first) to a kill while keep=2
+        # deleted it, and restores only if every newer one fails (then unverified, as a step from before digests).
+        assert check_digest(directory / str(steps[-1])) and all(check_digest(directory / str(s)) in (True, False)
+                                                                 for s in steps)
+        reader = Checkpointer(directory, read_only=True)
+        restored, meta = reader.restore(template)
+        reader.close()
+        s = steps[-1]
+        assert meta == {"step": s} and int(restored.step) == s and not reader.damaged
+        np.testing.assert_array_equal(restored.params["w"], np.arange(4096.0) * s)
+        np.testing.assert_array_equal(restored.params["b"], np.full(3, s + 0.5))
+        np.testing.assert_array_equal(restored.opt_state["mu"], np.arange(4096.0) + 4096 * s)

@@ -1,5 +1,6 @@
 """NIR export / import: BatchNorm folding, round trips, refusals, and SpikingJelly's NIR import of our files."""
 import os
+import re
 import subprocess
 
 import grimp
@@ -12,6 +13,7 @@ from flax import nnx
 from helpers import F64, deploy_model, gesture_sequential, randomize_batch_norm
 
 from snnjax import layers
+from snnjax.deploy import nir as nir_lib
 from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
@@ -153,3 +155,86 @@ def test_only_the_nir_module_imports_nir():
     """The ``nir`` package is optional: only ``snnjax.deploy.nir`` imports it."""
     graph = grimp.build_graph("snnjax", include_external_packages=True)
     assert graph.find_modules_that_directly_import("nir") == {"snnjax.deploy.nir"}
+
+
+def set_dataset(path, name: str, value=None, *, shape=None, edges=None):
+    """Replace dataset ``node/nodes/<name>`` of a NIR file (``value``, or an unwritten compressed one of ``shape``
+    that takes no space: a small file declaring a huge array), or its edges."""
+    import h5py  # noqa: PLC0415
+
+    with h5py.File(path, "r+") as f:
+        if edges is not None:
+            del f["node/edges"]
+            f["node/edges"] = np.array(edges, dtype=object).astype("S")
+            return
+        del f[f"node/nodes/{name}"]
+        if shape is None:
+            f[f"node/nodes/{name}"] = value
+        else:
+            f.create_dataset(f"node/nodes/{name}", shape=shape, dtype="f4", chunks=(1, 1 << 20), compression="gzip")
+
+
+@pytest.fixture
+def mlp_file(tmp_path):
+    """A NIR file of input (8,) -> fcs_0 (4x8) -> LIF neurons_0 -> head (2x4) -> output."""
+    path = tmp_path / "mlp.nir"
+    nir.write(path, to_nir(SpikingMLP(8, (4,), 2, rngs=nnx.Rngs(0)), (8,)))
+    return path
+
+
+NIR_CASES = {  # name: (damage, what the error says)
+    "input (2e8,) before a 4x8 weight": (lambda p: set_dataset(p, "input/shape", np.array([200_000_000])),
+                                         "type mismatch: input.output: [[200000000]] -> fcs_0.input: [[8]]"),
+    "a 4x1e8 weight in a small file": (lambda p: set_dataset(p, "fcs_0/weight", shape=(4, 100_000_000)),
+                                       "its arrays declare 40000"),
+    "a zero input shape": (lambda p: set_dataset(p, "input/shape", np.array([0])),
+                           "type mismatch: input.output: [[0]]"),
+    "a negative input shape": (lambda p: set_dataset(p, "input/shape", np.array([-8])),
+                               "type mismatch: input.output: [[-8]]"),
+    "an edge to a missing node": (lambda p: set_dataset(p, "", edges=[("input", "fcs_0"), ("fcs_0", "gone")]),
+                                  "not a readable NIR graph"),
+    "a NaN threshold": (lambda p: set_dataset(p, "neurons_0/v_threshold", np.full(4, np.nan)),
+                        "neurons_0: v_threshold holds NaN"),
+    "an infinite weight": (lambda p: set_dataset(p, "head/weight", np.full((2, 4), np.inf, np.float32)),
+                           "head: weight holds NaN, infinite"),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:1000]), "not a readable HDF5 file"),
+    "not HDF5": (lambda p: p.write_bytes(b"\x89HDF nope" * 100), "not a readable HDF5 file"),
+    "HDF5 without a graph": (lambda p: set_dataset(p, "", edges=[]) or __import__("h5py").File(p, "w").close(),
+                             "no 'node' group: not a NIR file"),
+}
+
+
+@pytest.mark.parametrize("case", NIR_CASES)
+def test_damaged_nir_files_are_refused_naming_the_file(mlp_file, case):
+    damage, reason = NIR_CASES[case]
+    from_nir(mlp_file)
+    damage(mlp_file)
+    with pytest.raises(NIRError, match=re.escape(f"{mlp_file}: ") + ".*" + re.escape(reason)):
+        from_nir(mlp_file)
+
+
+@pytest.mark.parametrize(("input_shape", "reason"), [
+    ((200_000_000,), "input: 200000000 elements, over max_elements=134217728"),
+    ((20_000_000,), "fcs_0: weight (4, 8) does not fit its input (20000000,)"),
+    ((0,), "input shape [0] is not a list of positive integers"),
+    ((-8,), "input shape [-8] is not a list of positive integers"),
+    ((8, 4, 4), "fcs_0: weight (4, 8) does not fit its input (8, 4, 4)"),
+])
+def test_graph_shapes_are_checked_before_a_model_is_built(input_shape, reason):
+    """An in-memory graph is not type-checked by nir.read: from_nir checks each shape itself."""
+    graph = to_nir(SpikingMLP(8, (4,), 2, rngs=nnx.Rngs(0)), (8,))
+    graph.nodes["input"] = nir.Input(input_type=np.array(input_shape))
+    with pytest.raises(NIRError, match=re.escape(reason)):
+        from_nir(graph)
+
+
+@pytest.mark.parametrize(("child", "reason"), [
+    ("import time\ntime.sleep(60)\n", "reading it did not finish within read_timeout=1 s"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "reading it crashed the HDF5 library (signal 11"),
+])
+def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(mlp_file, monkeypatch, child, reason):
+    """from_nir reads the file in a child process first (libhdf5 spins on some damaged heaps): here a child that
+    hangs or crashes as libhdf5 did on a fuzzed file."""
+    monkeypatch.setattr(nir_lib, "_TRIAL_READ", child)
+    with pytest.raises(NIRError, match=re.escape(f"{mlp_file}: {reason}")):
+        from_nir(mlp_file, read_timeout=1)

@@ -409,19 +409,40 @@ def test_missing_data_directory(tmp_path):
     assert "nowhere" in result.stderr and "error:" in result.stderr
 
 
-def test_corrupt_checkpoint_is_reported_and_left_untouched(tmp_path):
+def flip_bytes(step_dir: pathlib.Path, n: int = 64) -> pathlib.Path:
+    """Invert ``n`` bytes in the middle of the step's largest array file (a disk or copy error); returns it."""
+    f = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(f.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + n] = bytes(b ^ 0xFF for b in data[mid:mid + n])
+    f.write_bytes(bytes(data))
+    return f
+
+
+def test_corrupt_checkpoints_are_refused_and_a_damaged_latest_falls_back(tmp_path):
     c, _ = digits_run(**{"num_steps": 20, "checkpoint_every_steps": 10, "parallel.mode": "none"})
     train_and_evaluate(c, tmp_path)
-    latest = tmp_path / "checkpoints" / "20"
-    for f in (latest / "state").rglob("*"):
-        if f.is_file():
-            f.write_bytes(b"not a checkpoint")
-    before = tree_hash(tmp_path / "checkpoints")
+    ckpts = tmp_path / "checkpoints"
+    flip_bytes(ckpts / "10")
+    flip_bytes(ckpts / "20")
+    before = tree_hash(ckpts)
     c.num_steps, c.resume = 30, True  # (train.py prints such an error in one line: test_missing_data_directory)
-    with pytest.raises(CheckpointError, match="could not be restored") as error:
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {ckpts / '20'} is corrupt: 1 file"), \
+            pytest.raises(CheckpointError, match=f"none of the 2 checkpoints in {ckpts} passes its checks: .* "
+                                                 f"checkpoint {ckpts / '10'} is corrupt: 1 file.* differ from its "
+                                                 "digest sha256.json: state/.* \\(changed\\)"):
         train_and_evaluate(c, tmp_path)
-    assert f"checkpoint {latest} could not" in str(error.value)
-    assert tree_hash(tmp_path / "checkpoints") == before
+    assert tree_hash(ckpts) == before  # nothing written, renamed or deleted
+
+    flip_bytes(ckpts / "10")  # flipped back: step 10 is as saved again; 20 stays damaged
+    damaged = tree_hash(ckpts / "20")
+    with pytest.warns(RuntimeWarning) as warned:
+        assert train_and_evaluate(c, tmp_path)["steps"] == 30
+    first, second = (str(w.message) for w in warned)
+    assert first.startswith(f"checkpoint {ckpts / '20'} is corrupt: 1 file(s) differ from its digest")
+    assert second.startswith(f"resuming from checkpoint {ckpts / '10'}: the newer step(s) [20] failed their checks")
+    assert tree_hash(ckpts / "20.corrupt") == damaged and sorted(p.name for p in ckpts.iterdir()) == [
+        "10", "20", "20.corrupt", "30"]
 
 
 def test_resume_without_checkpoint_and_fresh_run_over_checkpoints(tmp_path):

@@ -35,6 +35,7 @@ import collections
 import os
 import struct
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ AEDAT3_MAGIC = b"#!AER-DAT3"
 END_HEADER = b"#!END-HEADER\r\n"
 PACKET_HEADER = struct.Struct("<hhiiiiii")  # type, source, size, tsoffset, tsoverflow, capacity, number, valid
 POLARITY_EVENT = 1
+MAX_TS_OVERFLOW = 1 << 12  # timestamp wraps (2^31 us, 36 min each) a recording may start after: 100 days
 _SPLIT_FILES = {"train": "trials_to_train.txt", "test": "trials_to_test.txt"}
 _HINT = ("Download DvsGesture.tar.gz (IBM, https://ibm.ent.box.com/s/3hiq58ww1pbbjrinh367ykfdf60xsfm8/folder/"
          "50167556794) and extract it so that data_dir/DvsGesture/ holds trials_to_train.txt, trials_to_test.txt, "
@@ -65,7 +67,8 @@ def read_aedat31(path: str | os.PathLike, *, valid_only: bool = False) -> Events
 
     Raises:
       ValueError: naming ``path``: not AEDAT 3.x, no end of header, a truncated packet, polarity
-        events of another size, or events that cannot be a 128x128 recording (``check_events``).
+        events of another size, a timestamp overflow over :data:`MAX_TS_OVERFLOW`, or events that cannot be a
+        128x128 recording (``check_events``).
     """
     content = Path(path).read_bytes()
     if not content.startswith(AEDAT3_MAGIC):
@@ -88,6 +91,10 @@ def read_aedat31(path: str | os.PathLike, *, valid_only: bool = False) -> Events
             raise ValueError(f"{path}: packet at byte {pos - PACKET_HEADER.size} declares {capacity} events of {size} "
                              f"bytes, past the end of the file: the file is truncated or corrupt")
         if kind == POLARITY_EVENT:
+            if not 0 <= overflow <= MAX_TS_OVERFLOW:
+                raise ValueError(f"{path}: packet at byte {pos - PACKET_HEADER.size} has timestamp overflow "
+                                 f"{overflow}, outside [0, {MAX_TS_OVERFLOW}] (timestamps of {overflow} x 2^31 us): "
+                                 "the file is corrupt")
             if size != 8:
                 raise ValueError(f"{path}: polarity events of {size} bytes at byte {pos}; AEDAT 3.1 polarity "
                                  "events are 8 bytes: the file is corrupt")
@@ -109,13 +116,32 @@ def read_aedat31(path: str | os.PathLike, *, valid_only: bool = False) -> Events
 
 
 def read_labels_csv(path: Path) -> np.ndarray:
-    """``[rows, 3]`` int64 ``(class 1..11, start_us, end_us)`` of a ``*_labels.csv`` (header line skipped)."""
+    """``[rows, 3]`` int64 ``(class 1..11, start_us, end_us)`` of a ``*_labels.csv`` (header line skipped).
+
+    Raises:
+      ValueError: naming ``path``: not three integer columns, a class outside 1..11, no rows, a window that is
+        negative or empty (``end <= start``), or a repeated row.
+    """
     try:
-        rows = np.loadtxt(path, dtype=np.int64, delimiter=",", skiprows=1, ndmin=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": the error below says so
+            rows = np.loadtxt(path, dtype=np.int64, delimiter=",", skiprows=1, ndmin=2)
     except ValueError as err:
         raise ValueError(f"{path}: not a labels CSV of rows 'class,startTime_usec,endTime_usec' ({err})") from err
-    if rows.shape[1] != 3 or rows.size and (rows[:, 0].min() < 1 or rows[:, 0].max() > NUM_GESTURES):
+    if not rows.size:
+        raise ValueError(f"{path}: no rows 'class,startTime_usec,endTime_usec': the labels file is empty or truncated")
+    if rows.shape[1] != 3 or (rows[:, 0].min() < 1 or rows[:, 0].max() > NUM_GESTURES):
         raise ValueError(f"{path}: expected rows 'class,startTime_usec,endTime_usec' with class in 1..{NUM_GESTURES}")
+    problems = []
+    for i, (cls, start, end) in enumerate(rows.tolist()):
+        if start < 0 or end <= start:
+            problems.append(f"row {i + 2} ({cls},{start},{end}) is not a window 0 <= start < end")
+    _, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    problems += [f"row {i + 2} ({','.join(map(str, rows[i]))}) appears {c} times"
+                 for i, c in zip(first, counts, strict=True) if c > 1]
+    if problems:
+        raise ValueError(f"{path}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}: the labels file is "
+                         "corrupt; replace it from the release")
     return rows
 
 

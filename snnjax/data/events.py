@@ -39,7 +39,7 @@ def check_events(path: str | os.PathLike, events: Events, height: int, width: in
     """``events`` decoded from ``path`` if they can be a recording of a ``height x width`` sensor.
 
     Checks that there is at least one event, that ``x`` lies in ``[0, width)``, ``y`` in
-    ``[0, height)`` and ``p`` in ``{0, 1}``, and that timestamps are non-negative and go backwards
+    ``[0, height)`` and ``p`` in ``{0, 1}``, and that timestamps are non-negative, not all equal, and go backwards
     between at most :data:`MAX_BACKWARD_FRACTION` of consecutive events (real recordings may
     wrap or reset now and then, so order is not required outright).
 
@@ -56,6 +56,8 @@ def check_events(path: str | os.PathLike, events: Events, height: int, width: in
             problems.append(f"{name} spans [{values.min()}, {values.max()}], outside [0, {size})")
     if t.min() < 0:
         problems.append(f"timestamps reach {t.min()} < 0")
+    if n > 1 and t.min() == t.max():
+        problems.append(f"all timestamps are {t[0]} (a payload of repeated bytes, not a recording)")
     backward = int(np.count_nonzero(np.diff(t) < 0))
     if backward > MAX_BACKWARD_FRACTION * (n - 1):
         problems.append(f"timestamps go backwards between {backward} of {n - 1} consecutive events")

@@ -23,6 +23,7 @@ process reads only its slice of every batch.
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from snnjax.data.workers import Workers
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 EVAL_CROP_FRACTION = 0.875
+MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb bound (its warning), here an error
+MAX_PIXELS_PER_BYTE = 1024  # a real JPEG or RGB PNG holds under ~350 pixels per byte of file
 _SPLIT_DIRS = {"train": "train", "test": "val", "val": "val"}
 _HINT = ("Arrange the images as data_dir/train/<class>/*.JPEG and data_dir/val/<class>/*.JPEG (for ImageNet: "
          "extract ILSVRC2012_img_train.tar per class and sort the validation images into class folders).")
@@ -54,14 +57,24 @@ def load_image(path: Path, size: int, rng: np.random.Generator | None, flip: boo
     """One image as ``[size, size, 3]`` float32 in [0, 1]; ``rng`` None: the eval crop, else the train augmentation.
 
     Raises:
-      ValueError: naming ``path`` if Pillow cannot decode it.
+      ValueError: naming ``path`` if Pillow cannot decode it, its header claims more than :data:`MAX_PIXELS` or
+        over :data:`MAX_PIXELS_PER_BYTE` pixels per byte of the file (a decompression bomb), or a JPEG lacks
+        its end marker (truncated: decoders fill the rest with grey).
     """
     try:
-        with Image.open(path) as image:
+        data = Path(path).read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            pixels = width * height
+            if pixels > MAX_PIXELS or pixels > MAX_PIXELS_PER_BYTE * max(len(data), 1024):
+                raise ValueError(f"its header claims {width}x{height} pixels from {len(data)} bytes (at most "
+                                 f"{MAX_PIXELS} pixels, {MAX_PIXELS_PER_BYTE} per byte): a decompression bomb or a "
+                                 "damaged header")
+            if image.format == "JPEG" and data.rfind(b"\xff\xd9") < 0:
+                raise ValueError("the JPEG has no end-of-image marker: the file is truncated")
             image = image.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as err:
         raise ValueError(f"{path}: cannot decode the image ({err}); replace or remove the file") from err
-    width, height = image.size
     if rng is None:
         out = image.resize((size, size), Image.Resampling.BILINEAR, box=center_crop_box(height, width, size))
     else:

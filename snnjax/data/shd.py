@@ -88,6 +88,11 @@ class HeidelbergSource(AugmentedFrames):
       augment: applied when the loader passes keys (training); only its ``temporal_delete`` applies to
         ``[T, 700]`` frames, and the examples then hold that many time steps.
       num_workers: threads that read and integrate a batch's samples (1: the caller's thread).
+
+    Raises (here and on reading a sample):
+      ValueError: naming ``path``: not HDF5, datasets missing or of another kind (not variable-length, float
+        units), no samples, labels that are not whole numbers or out of range, spike times that are NaN,
+        infinite or negative, units outside 0..699.
     """
 
     def __init__(self, path: Path, num_classes: int, frames: FrameSpec, *,
@@ -103,19 +108,12 @@ class HeidelbergSource(AugmentedFrames):
         self.path = Path(path)
         self.name = self.path.name
         try:
-            self._file = h5py.File(self.path, "r")
-        except OSError as err:
-            raise ValueError(f"{self.path}: not a readable HDF5 file ({err}): the file is corrupt or truncated; "
-                             "download it again") from err
-        missing = [k for k in ("spikes/times", "spikes/units", "labels") if k not in self._file]
-        if missing:
-            raise ValueError(f"{self.path}: no {', '.join(missing)} in the file: not an SHD/SSC release file")
-        self._times = self._file["spikes/times"]
-        self._units = self._file["spikes/units"]
-        self.labels = np.asarray(self._file["labels"][:], np.int64)
-        if self._times.shape[0] != self.labels.shape[0] or self._units.shape[0] != self.labels.shape[0]:
-            raise ValueError(f"{self.path}: {self._times.shape[0]} spike-time arrays, {self._units.shape[0]} unit "
-                             f"arrays and {self.labels.shape[0]} labels: the file is corrupt")
+            self._open(h5py)
+        except Exception as err:  # noqa: BLE001 (h5py raises OSError, RuntimeError, KeyError, ... for damaged files)
+            if isinstance(err, ValueError) and str(err).startswith(f"{self.path}: "):
+                raise
+            raise ValueError(f"{self.path}: not a readable HDF5 file ({type(err).__name__}: {err}): the file is "
+                             "corrupt or truncated; download it again") from err
         if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= num_classes):
             raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
                              f"[0, {num_classes})")
@@ -130,6 +128,37 @@ class HeidelbergSource(AugmentedFrames):
         self.spec = frames
         self.num_classes = int(num_classes)
         self._set_steps()
+
+    def _open(self, h5py) -> None:
+        """Open the file and check its datasets and labels (``ValueError`` naming it; h5py's own errors pass)."""
+        self._file = h5py.File(self.path, "r")
+        missing = [k for k in ("spikes/times", "spikes/units", "labels") if k not in self._file]
+        if missing:
+            raise ValueError(f"{self.path}: no {', '.join(missing)} in the file: not an SHD/SSC release file")
+        self._times = self._file["spikes/times"]
+        self._units = self._file["spikes/units"]
+        for key, kinds, what in (("spikes/times", "fiu", "numbers"), ("spikes/units", "iu", "integers")):
+            ds = self._file[key]
+            base = h5py.check_vlen_dtype(ds.dtype) if isinstance(ds, h5py.Dataset) else None
+            if base is None or ds.ndim != 1 or base.kind not in kinds:
+                found = ("a group" if not isinstance(ds, h5py.Dataset) else
+                         f"{'variable-length ' if base is not None else ''}{base or ds.dtype} of shape {ds.shape}")
+                raise ValueError(f"{self.path}: {key} is {found}; SHD/SSC files hold one variable-length array of "
+                                 f"{what} per sample: not an SHD/SSC release file")
+        raw_labels = self._file["labels"]
+        if not isinstance(raw_labels, h5py.Dataset) or raw_labels.ndim != 1 or raw_labels.dtype.kind not in "fiu":
+            raise ValueError(f"{self.path}: labels is not a 1-D numeric dataset: not an SHD/SSC release file")
+        raw_labels = raw_labels[:]
+        if raw_labels.dtype.kind == "f" and not (np.isfinite(raw_labels) & (raw_labels == np.round(raw_labels))).all():
+            bad = raw_labels[~(np.isfinite(raw_labels) & (raw_labels == np.round(raw_labels)))]
+            raise ValueError(f"{self.path}: {bad.size} labels are not whole numbers (e.g. {bad[0]}): the file is "
+                             "corrupt")
+        self.labels = raw_labels.astype(np.int64)
+        if not self.labels.size:
+            raise ValueError(f"{self.path}: holds no samples: the file is truncated or corrupt; download it again")
+        if self._times.shape[0] != self.labels.shape[0] or self._units.shape[0] != self.labels.shape[0]:
+            raise ValueError(f"{self.path}: {self._times.shape[0]} spike-time arrays, {self._units.shape[0]} unit "
+                             f"arrays and {self.labels.shape[0]} labels: the file is corrupt")
 
     def _set_steps(self) -> None:
         steps = self.spec.time_steps
@@ -154,12 +183,20 @@ class HeidelbergSource(AugmentedFrames):
             times, units = np.asarray(times[lo:hi]), np.asarray(units[lo:hi])
         else:
             with self._lock:
-                times, units = self._times[index], self._units[index]
+                try:
+                    times, units = np.asarray(self._times[index]), np.asarray(self._units[index])
+                except Exception as err:  # noqa: BLE001 (h5py's errors for damaged data vary)
+                    raise ValueError(f"{self.path}: sample {index} cannot be read ({type(err).__name__}: {err}): the "
+                                     "file is corrupt") from err
         if times.shape != units.shape:
             raise ValueError(f"{self.path}: sample {index} has {times.shape[0]} spike times but {units.shape[0]} units")
         if units.size and (units.min() < 0 or units.max() >= NUM_CHANNELS):
             raise ValueError(f"{self.path}: sample {index} has units in [{units.min()}, {units.max()}], outside "
                              f"[0, {NUM_CHANNELS})")
+        if times.size and not (np.isfinite(times).all() and times.min() >= 0):
+            bad = int(np.count_nonzero(~(np.isfinite(times) & (times >= 0))))
+            raise ValueError(f"{self.path}: sample {index} has {bad} NaN, infinite or negative spike times: the file "
+                             "is corrupt")
         return times, units
 
     def frames(self, index: int) -> np.ndarray:

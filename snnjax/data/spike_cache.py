@@ -47,7 +47,7 @@ def spike_arrays(h5_path: Path, times, units, cache_dir: Path) -> tuple[np.ndarr
             raise OSError(f"cannot write the spike copy of {h5_path} in {cache_dir} ({err}); set "
                           "data.options.cache_dir to a writable folder, or cache=False to read the HDF5 file "
                           "sample by sample") from err
-    offsets = np.load(cache_dir / "offsets.npy")
+    offsets = np.load(cache_dir / "offsets.npy", allow_pickle=False)
 
     def mapped(name: str, dtype: np.dtype) -> np.ndarray:
         if offsets[-1] == 0:

@@ -12,12 +12,12 @@
 from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.energy import energy_report
 from snnjax.deploy.export import export_model, export_run
-from snnjax.deploy.exported import ExportedModel, load_exported
+from snnjax.deploy.exported import ExportedFileError, ExportedModel, load_exported
 from snnjax.deploy.opcount import OpReport, count_ops
 from snnjax.deploy.prediction import Predictions, predict, predict_run
 from snnjax.deploy.run import RestoredRun, load_run
 from snnjax.deploy.streaming import Streamer
 
-__all__ = ["ExportedModel", "OpReport", "Predictions", "RestoredRun", "Streamer", "count_ops", "energy_report",
-           "UnsupportedModelError", "export_model", "export_run", "load_exported", "load_run", "predict",
-           "predict_run"]
+__all__ = ["ExportedFileError", "ExportedModel", "OpReport", "Predictions", "RestoredRun", "Streamer", "count_ops",
+           "energy_report", "UnsupportedModelError", "export_model", "export_run", "load_exported", "load_run",
+           "predict", "predict_run"]

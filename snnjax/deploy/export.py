@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from snnjax.deploy.calls import UnsupportedModelError
-from snnjax.deploy.exported import FORMAT
+from snnjax.deploy.exported import FORMAT, sha256
 from snnjax.deploy.run import load_run
 from snnjax.deploy.streaming import initial_states, step
 from snnjax.neurons.modules import set_impl
@@ -85,7 +85,8 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
     buffer = io.BytesIO()
     np.savez(buffer, **{f"p{i}": np.asarray(x) for i, x in enumerate(leaves)})
     files["params.npz"] = buffer.getvalue()
-    with zipfile.ZipFile(out, "w") as z:
+    meta["sha256"] = {name: sha256(bytes(data)) for name, data in files.items()}
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
         z.writestr("meta.json", json.dumps(meta, indent=2))
         for name, data in files.items():
             z.writestr(name, bytes(data))

@@ -25,11 +25,22 @@ neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_surrogate_params``: i
 ``snnjax_detach_reset``), which ``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
 (``CubaLIF``, ``Delay``, ``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters,
 strided or padded pooling and graphs that are not a chain.
+
+Reading an untrusted file: ``from_nir(path)`` first opens it with h5py and adds up the element counts its
+datasets declare (``max_elements``, default :data:`MAX_ELEMENTS`), so a small file claiming huge arrays is refused
+before ``nir.read`` reads any; reads it once in a child process (``read_timeout`` seconds at most), since libhdf5
+can spin for minutes on a damaged heap, or crash, in native code; then, before building anything, walks the
+chain checking every shape against the input and the layer before (positive sizes, matching channels and
+features) and every weight and neuron parameter for NaN or infinity. Every fault raises :class:`NIRError`
+naming the file. NIR files hold arrays and
+strings only (HDF5, no pickle).
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import jax
@@ -46,6 +57,10 @@ from snnjax.neurons.base import decay_rate
 from snnjax.neurons.modules import BaseNode
 
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
+MAX_ELEMENTS = 1 << 27  # default bound on the elements a NIR file's arrays and an imported model's layers may hold
+READ_TIMEOUT = 120.0  # seconds a trial read of a NIR file may take
+# Run in a child process first: libhdf5 can spin for minutes on a damaged heap, or crash, in native code.
+_TRIAL_READ = "import sys, nir\nnir.read(sys.argv[1])\n"
 
 
 class NIRError(ValueError):
@@ -184,6 +199,9 @@ def _chain(graph: nir.NIRGraph) -> list[tuple[str, Any]]:
     succ: dict[str, list[str]] = {}
     for a, b in graph.edges:
         succ.setdefault(a, []).append(b)
+    missing = sorted({n for edge in graph.edges for n in edge} - graph.nodes.keys())
+    if missing:
+        raise NIRError(f"edges name node(s) {missing[:5]} that the graph does not hold")
     order, name = [], inputs[0]
     while True:
         order.append((name, graph.nodes[name]))
@@ -200,13 +218,18 @@ def _chain(graph: nir.NIRGraph) -> list[tuple[str, Any]]:
 
 def _uniform(value, what: str) -> float:
     values = np.unique(np.asarray(value))
+    if values.dtype.kind not in "biuf" or not np.isfinite(values).all():
+        raise NIRError(f"{what} holds NaN, infinite or non-numeric values")
     if values.size != 1:
         raise NIRError(f"{what} differs between neurons ({values.size} values); snnjax neurons share one value")
     return float(values[0])
 
 
 def _pair(value, what: str) -> int:
-    v = np.broadcast_to(np.asarray(value).reshape(-1), (2,))
+    v = np.asarray(value).reshape(-1)
+    if v.size not in (1, 2) or v.dtype.kind not in "iuf" or not (np.isfinite(v) & (v == np.round(v))).all():
+        raise NIRError(f"{what} {v.tolist()[:4]} is not one or two integers")
+    v = np.broadcast_to(v, (2,))
     if v[0] != v[1]:
         raise NIRError(f"{what} {tuple(v)} differs between height and width; snnjax takes one value")
     return int(v[0])
@@ -226,18 +249,93 @@ def _training_settings(node) -> dict[str, Any]:
 
 
 def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: nnx.Rngs | None = None,
-             dtype=None, param_dtype=None) -> Sequential:
+             dtype=None, param_dtype=None, max_elements: int = MAX_ELEMENTS,
+             read_timeout: float = READ_TIMEOUT) -> Sequential:
     """A ``Sequential`` (``Sequential.from_specs``) computing NIR ``graph`` (or the file it is in), in eval mode.
 
     ``dt``: seconds per time step the graph's time constants are read with (as written by ``to_nir``).
+    ``max_elements``: the most array elements the file may declare and any one activation or weight may hold.
+    ``read_timeout``: seconds the trial read of a file (in a child process) may take.
 
     Raises:
-      NIRError: a node, parameter or topology outside the mapping (see the module docstring).
+      NIRError: a node, parameter, shape or topology outside the mapping (see the module docstring), or a file
+        that is not an intact NIR graph; the message names the file.
     """
-    if not isinstance(graph, nir.NIRGraph):
-        graph = nir.read(graph)
+    if isinstance(graph, nir.NIRGraph):
+        return _from_graph(graph, dt, rngs, dtype, param_dtype, max_elements)
+    try:
+        _check_file_size(pathlib.Path(graph), max_elements)
+        _trial_read(pathlib.Path(graph), read_timeout)
+        try:
+            loaded = nir.read(graph)
+        except Exception as e:  # noqa: BLE001 (nir.read raises many types for files it cannot parse)
+            raise NIRError(f"not a readable NIR graph ({type(e).__name__}: {e})") from None
+        return _from_graph(loaded, dt, rngs, dtype, param_dtype, max_elements)
+    except NIRError as e:
+        raise NIRError(f"{graph}: {e}") from None
+
+
+def _check_file_size(path: pathlib.Path, max_elements: int) -> None:
+    """Refuse a file that is not HDF5 with a ``node`` group, or whose datasets declare over ``max_elements``."""
+    import h5py  # noqa: PLC0415 (nir's own dependency)
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "node" not in f:
+                raise NIRError("no 'node' group: not a NIR file")
+            total = 0
+
+            def count(_, obj):
+                nonlocal total
+                if isinstance(obj, h5py.Dataset):
+                    total += int(np.prod(obj.shape, dtype=object)) if obj.shape else 1
+
+            f["node"].visititems(count)
+    except NIRError:
+        raise
+    except Exception as e:  # noqa: BLE001 (h5py raises OSError, RuntimeError, KeyError, ... for damaged files)
+        raise NIRError(f"not a readable HDF5 file ({type(e).__name__}: {e}): truncated, damaged or of another "
+                       "format") from None
+    if total > max_elements:
+        raise NIRError(f"its arrays declare {total} elements, over max_elements={max_elements} (pass a larger "
+                       "max_elements to from_nir if the model really is that large)")
+
+
+def _trial_read(path: pathlib.Path, timeout: float) -> None:
+    """``nir.read(path)`` in a child process: refuse a file that makes it hang past ``timeout`` s or crash."""
+    try:
+        result = subprocess.run([sys.executable, "-c", _TRIAL_READ, str(path)], capture_output=True, text=True,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NIRError(f"reading it did not finish within read_timeout={timeout:g} s (a trial read in a separate "
+                       "process; damaged HDF5 heaps make libhdf5 spin): the file is damaged") from None
+    if result.returncode < 0:
+        raise NIRError(f"reading it crashed the HDF5 library (signal {-result.returncode}, in a trial read in a "
+                       "separate process): the file is damaged")
+    # A Python error in the child is raised again, with its message, by the read in this process.
+
+
+def _finite(name: str, what: str, value) -> np.ndarray:
+    value = np.asarray(value)
+    if value.dtype.kind not in "biuf" or value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise NIRError(f"{name}: {what} holds NaN, infinite or non-numeric values")
+    return value
+
+
+def _from_graph(graph: nir.NIRGraph, dt: float, rngs, dtype, param_dtype, max_elements: int) -> Sequential:
     chain = _chain(graph)
-    in_shape = tuple(int(d) for d in chain[0][1].input_type["input"])
+    raw = np.asarray(chain[0][1].input_type["input"])
+    if raw.ndim != 1 or not raw.size or raw.dtype.kind not in "iuf" or not (raw > 0).all() \
+            or raw.dtype.kind == "f" and not (raw == np.round(raw)).all():
+        raise NIRError(f"input shape {raw.tolist()} is not a list of positive integers ((F,) or (C, H, W))")
+    in_shape = tuple(int(d) for d in raw)
+    current = in_shape  # NIR layout, one example at one time step
+
+    def bound(name: str, elements: int) -> None:
+        if elements > max_elements:
+            raise NIRError(f"{name}: {elements} elements, over max_elements={max_elements}")
+
+    bound("input", int(np.prod(in_shape, dtype=object)))
     shape = (in_shape[1], in_shape[2], in_shape[0]) if len(in_shape) == 3 else in_shape
     specs, weights = [], []
     for name, node in chain[1:-1]:
@@ -246,36 +344,58 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
                 raise NIRError(f"{name}: dilated or grouped convolutions are not supported")
             if isinstance(node.padding, str):
                 raise NIRError(f"{name}: padding {node.padding!r}; give integer padding")
-            w = np.asarray(node.weight)
+            w = _finite(name, "weight", node.weight)
+            if w.ndim != 4 or len(current) != 3 or w.shape[1] != current[0] or min(w.shape) < 1:
+                raise NIRError(f"{name}: conv weight {w.shape} does not fit its input {current} (weights are "
+                               "[out, in, kh, kw] on (C, H, W))")
             if w.shape[2] != w.shape[3]:
                 raise NIRError(f"{name}: kernel {w.shape[2:]} is not square")
-            specs.append({"kind": "conv", "features": w.shape[0], "kernel": w.shape[2],
-                          "stride": _pair(node.stride, f"{name}: stride"),
-                          "padding": _pair(node.padding, f"{name}: padding")})
-            weights.append((w.transpose(2, 3, 1, 0), np.asarray(node.bias)))
+            k, stride, pad = w.shape[2], _pair(node.stride, f"{name}: stride"), _pair(node.padding, f"{name}: padding")
+            out = [(d + 2 * pad - k) // stride + 1 if stride > 0 and pad >= 0 else 0 for d in current[1:]]
+            if min(out) < 1:
+                raise NIRError(f"{name}: kernel {k}, stride {stride}, padding {pad} on {current} leaves no output")
+            bias = _finite(name, "bias", node.bias)
+            if bias.shape != (w.shape[0],):
+                raise NIRError(f"{name}: bias {bias.shape} does not match {w.shape[0]} output channels")
+            specs.append({"kind": "conv", "features": w.shape[0], "kernel": k, "stride": stride, "padding": pad})
+            weights.append((w.transpose(2, 3, 1, 0), bias))
+            current = (w.shape[0], *out)
         elif isinstance(node, (nir.Affine, nir.Linear)):
-            w = np.asarray(node.weight)  # [out, in]
-            bias = np.asarray(node.bias) if isinstance(node, nir.Affine) else np.zeros(w.shape[0], w.dtype)
+            w = _finite(name, "weight", node.weight)  # [out, in]
+            if w.ndim != 2 or len(current) != 1 or w.shape[1] != current[0] or w.shape[0] < 1:
+                raise NIRError(f"{name}: weight {w.shape} does not fit its input {current} (weights are [out, in] "
+                               "on a flat (F,) input)")
+            bias = _finite(name, "bias", node.bias) if isinstance(node, nir.Affine) else np.zeros(w.shape[0], w.dtype)
+            if bias.shape != (w.shape[0],):
+                raise NIRError(f"{name}: bias {bias.shape} does not match {w.shape[0]} outputs")
             specs.append({"kind": "linear", "features": w.shape[0]})
             weights.append((w.T, bias))
+            current = (w.shape[0],)
         elif isinstance(node, nir.AvgPool2d):
             k, s = _pair(node.kernel_size, f"{name}: kernel_size"), _pair(node.stride, f"{name}: stride")
             if k != s or _pair(node.padding, f"{name}: padding") != 0:
                 raise NIRError(f"{name}: average pooling with stride {s} != kernel {k} or padding is not supported")
+            if len(current) != 3 or k < 1 or min(current[1:]) < k:
+                raise NIRError(f"{name}: pooling {k}x{k} does not fit its input {current}")
             specs.append({"kind": "avgpool", "size": k})
             weights.append(None)
+            current = (current[0], current[1] // k, current[2] // k)
         elif isinstance(node, nir.Flatten):
             shape_in = node.input_type["input"]
             if node.start_dim != 0 or node.end_dim not in (-1, len(shape_in) - 1 if shape_in is not None else -1):
                 raise NIRError(f"{name}: only a flatten of every dim of an example (start_dim=0, end_dim=-1)")
             specs.append({"kind": "flatten", "order": "chw"})
             weights.append(None)
+            current = (int(np.prod(current)),)
         elif isinstance(node, (nir.IF, nir.LIF)):
             specs.append(_neuron_spec(name, node, dt))
             weights.append(None)
         else:
             raise NIRError(f"node {name!r} is a {type(node).__name__}, which from_nir does not map (it takes "
                            "Affine, Linear, Conv2d, AvgPool2d, Flatten, IF, LIF)")
+        bound(name, int(np.prod(current, dtype=object)))
+        if weights[-1] is not None:
+            bound(f"{name}'s weight", weights[-1][0].size)
     model = Sequential.from_specs(shape, specs, rngs=rngs or nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
     for layer, w in zip(model.layers, weights, strict=True):
         if w is not None:

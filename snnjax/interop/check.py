@@ -390,7 +390,7 @@ def load(path: str | pathlib.Path) -> tuple[Any, np.lib.npyio.NpzFile]:
     for p in (path, meta_path):
         if not p.exists():
             raise FileNotFoundError(f"{p} not found (a reference file is FILE.npz plus its sibling FILE.json)")
-    return json.loads(meta_path.read_text()), np.load(path)
+    return json.loads(meta_path.read_text()), np.load(path, allow_pickle=False)
 
 
 def iter_cases(cases, arrays, impl: str = "auto"):

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -61,7 +62,7 @@ from snnjax.runtime import distributed
 from snnjax.train import config as config_lib
 from snnjax.train import faults, memory_search, pipeline_memory, profiling
 from snnjax.train import offload as offload_lib
-from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
+from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps, set_aside
 from snnjax.train.faults import NonFiniteError, Preempted
 from snnjax.train.metrics import MetricWriter, parse_log_to
 from snnjax.train.model_trainer import ModelTrainer, training_plan
@@ -282,9 +283,16 @@ class Trainer:
                                       "--config.resume=True to start fresh, or pass the run's --workdir (from Python: "
                                       "config.resume = False, or the run's directory as Trainer(config, workdir))")
             reader = Checkpointer(ckpt_dir, self.keep_checkpoints, read_only=True)
-            tree_state, meta = reader.restore(self.trainer.tree_state())
+            tree_state, meta = reader.restore(self.trainer.tree_state())  # falls back past damaged steps
             self.trainer.set_tree_state(tree_state)
             reader.close()
+            if reader.damaged:  # kept for inspection, out of the way of the steps this run saves again
+                if jax.process_index() == 0:
+                    moved = set_aside(ckpt_dir, reader.damaged)
+                    self._log(f"checkpoint step(s) {reader.damaged} failed their checks and were renamed "
+                              f"{[m.name for m in moved]}; continuing from step {int(jax.device_get(tree_state.step))}")
+                if jax.process_count() > 1:
+                    ocp.multihost.sync_global_processes("snnjax_set_aside")
             self.skipped_steps = int(meta.get("skipped_steps", 0))
             if meta.get("global_batch_size") != self.global_batch_size or meta.get("data") != self.data_name:
                 raise CheckpointError(f"the checkpoint in {ckpt_dir} was written with global_batch_size="
