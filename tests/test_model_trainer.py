@@ -74,8 +74,10 @@ def test_layouts_train_alike(trained):
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-12, err_msg=layout)
         got = flat_params(model)
         assert got.keys() == ref.keys()
-        for k in ref:  # atol: the conv biases before a BatchNorm get (near) zero gradients and stay near 0
-            np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-10, err_msg=f"{layout} {k}")
+        # atol: a conv bias before a BatchNorm has a zero gradient, so its value is rounding noise (gradients of
+        # ~1e-16) that Adam scales to lr * g / eps ~ 1e-10; every other parameter is held to rtol 1e-9.
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-9, err_msg=f"{layout} {k}")
     assert ref_losses[1] != ref_losses[0]  # the step changed the parameters
 
 
