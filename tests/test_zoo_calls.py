@@ -10,7 +10,9 @@ three seeded projections), and PLIF's ``w`` as the constructor initialises it fr
 
 The suite runs the calls the json marks ``suite`` (SEW-ResNet-34 IAND PLIF, the issue's example, and the
 smallest real model of each other family but CIFAR10DVSVGG, whose full widths at 48x48 take ~4 minutes; Spiking
-ResNet is SEW-ResNet's class, checked at small widths by ``test_zoo.py``);
+ResNet is SEW-ResNet's class, checked at small widths by ``test_zoo.py``; QKFormer, whose 64x64 default takes
+~20 s, is checked against SpikingJelly at small widths by ``test_zoo_transformers.py`` and its keyword defaults
+by ``test_zoo_defaults.py``);
 ``SNNJAX_ALL_CALLS=1 python -m pytest -q -n 0 tests/test_zoo_calls.py`` runs every call (each ResNet depth,
 every family's default and explicit-neuron calls, the 128x128 nets; about
 20 minutes on 2 busy cores, the 128x128 nets and the VGG most of it). ``KNOWN_MISMATCHES`` lists the calls whose
