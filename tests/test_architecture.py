@@ -98,6 +98,7 @@ def test_only_the_dispatcher_imports_the_fused_kernels():
     ("snnjax.data", {"snnjax.train", "snnjax.parallel", "snnjax.models", "snnjax.neurons"}),
     ("snnjax.train", {"snnjax.bench", "snnjax.interop", "snnjax.deploy"}),
     ("snnjax.deploy", {"snnjax.bench", "snnjax.interop"}),
+    ("snnjax.ann2snn", {"snnjax.bench", "snnjax.interop", "snnjax.deploy", "snnjax.runtime"}),
     ("snnjax.runtime", {"snnjax.train", "snnjax.models", "snnjax.layers", "snnjax.data", "snnjax.parallel",
                         "snnjax.deploy", "snnjax.interop", "snnjax.bench"}),
 ])
