@@ -30,6 +30,11 @@ def nhwc(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(x, -3, -1)
 
 
+@nnx.jit
+def run(net, x):
+    return net(x)
+
+
 def make_ann_relu_cnn(golden) -> snnjax.Sequential:
     """make_ann2snn.py's ANN, layer for layer, with its float64 weights (zero-initialised first: no random init)."""
     rngs, f64, zero = nnx.Rngs(0), jnp.float64, nnx.initializers.zeros_init()
@@ -45,15 +50,29 @@ def make_ann_relu_cnn(golden) -> snnjax.Sequential:
     return ann
 
 
+def test_digits_recipe_approaches_the_ann():
+    """The recipe's evaluation at a tiny size: a width-4 ReLU CNN whose head is fitted in closed form (least squares
+    on its random conv features; no training steps), converted; the SNN's accuracy rises with T towards the ANN's.
+    First in the file: it runs in float32, before the golden fixture switches x64 on for the module."""
+    x, y = digits.split_arrays("all")  # one read of the digits: the head is fitted on 1200 images, tested on the rest
+    train_x, train_y, test_x, test_y = x[:1200], y[:1200], x[1200:], y[1200:]
+    ann = digits.relu_cnn(4, rngs=nnx.Rngs(0))
+    ann.eval()
+    features = np.asarray(run(snnjax.Sequential(*list(ann.layers)[:-1]), jnp.asarray(train_x)[None])[0])
+    features = np.concatenate([features, np.ones((len(features), 1), np.float32)], axis=1)
+    head, *_ = np.linalg.lstsq(features, np.eye(10, dtype=np.float32)[train_y], rcond=None)
+    ann.layers[-1].kernel[...], ann.layers[-1].bias[...] = jnp.asarray(head[:-1]), jnp.asarray(head[-1])
+    calibration = [train_x[i:i + 128] for i in range(0, 512, 128)]
+    r = digits.evaluate(ann, calibration, test_x, test_y, modes=("99.9%",), time_steps=(4, 16, 64))
+    acc = r["99.9%"]
+    assert r["ann"] > 0.75  # 0.83 (the head fitted to random conv features)
+    assert acc[4] < acc[16] < acc[64] and acc[64] > r["ann"] - 0.03  # 0.25, 0.69, 0.81
+
+
 @pytest.fixture(scope="module")
 def golden(x64_module):
     a = dict(np.load(FIXTURES / "ann2snn.npz"))
     return a, make_ann_relu_cnn(a)
-
-
-@nnx.jit
-def run(net, x):
-    return net(x)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -96,21 +115,3 @@ def test_bad_inputs_are_named(golden):
         Converter(dataloader=[]).convert(snnjax.Sequential(layers.Flatten(), snnjax.neurons.LIFNode()))
     with pytest.raises(TypeError, match="snnjax.Sequential"):
         Converter(dataloader=[]).convert(layers.ReLU())
-
-
-def test_digits_recipe_approaches_the_ann():
-    """The recipe's evaluation at a tiny size: a width-4 ReLU CNN whose head is fitted in closed form (least squares
-    on its random conv features; no training steps), converted; the SNN's accuracy rises with T towards the ANN's."""
-    x, y = digits._split("all")  # one read of the digits: the head is fitted on 1200 images, tested on the rest
-    train_x, train_y, test_x, test_y = x[:1200], y[:1200], x[1200:], y[1200:]
-    ann = digits.relu_cnn(4, rngs=nnx.Rngs(0))
-    ann.eval()
-    features = np.asarray(run(snnjax.Sequential(*list(ann.layers)[:-1]), jnp.asarray(train_x)[None])[0])
-    features = np.concatenate([features, np.ones((len(features), 1), np.float32)], axis=1)
-    head, *_ = np.linalg.lstsq(features, np.eye(10, dtype=np.float32)[train_y], rcond=None)
-    ann.layers[-1].kernel[...], ann.layers[-1].bias[...] = jnp.asarray(head[:-1]), jnp.asarray(head[-1])
-    calibration = [train_x[i:i + 128] for i in range(0, 512, 128)]
-    r = digits.evaluate(ann, calibration, test_x, test_y, modes=("99.9%",), time_steps=(4, 16, 64))
-    acc = r["99.9%"]
-    assert r["ann"] > 0.75  # 0.83 (the head fitted to random conv features)
-    assert acc[4] < acc[16] < acc[64] and acc[64] > r["ann"] - 0.03  # 0.25, 0.69, 0.81

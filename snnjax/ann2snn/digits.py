@@ -60,7 +60,7 @@ def accuracy_by_step(net: Sequential, images: np.ndarray, labels: np.ndarray, ti
 def train_ann(*, width: int = 16, epochs: int = 20, batch_size: int = 64, learning_rate: float = 3e-3,
               seed: int = 0) -> Sequential:
     """The recipe's ANN trained on the digits' train split (eval mode)."""
-    train_x, train_y = _split("train")
+    train_x, train_y = split_arrays("train")
     fit = trainer(relu_cnn(width, rngs=nnx.Rngs(seed)), "data=1", optax.adam(learning_rate),
                   devices=jax.devices()[:1], encoder="direct", time_steps=1, seed=seed, verbose=False)
     for epoch in range(epochs):
@@ -86,12 +86,13 @@ def run(*, width: int = 16, epochs: int = 20, seed: int = 0, calibration_batches
     """Train (``train_ann``), then ``evaluate`` on the test split, calibrated on ``calibration_batches`` of 64
     training images."""
     ann = train_ann(width=width, epochs=epochs, seed=seed)
-    train_x, train_y = _split("train")
+    train_x, train_y = split_arrays("train")
     calibration = [b["inputs"] for b in batches(train_x, train_y, 64, seed)[:calibration_batches]]
-    return evaluate(ann, calibration, *_split("test"))
+    return evaluate(ann, calibration, *split_arrays("test"))
 
 
-def _split(split: str) -> tuple[np.ndarray, np.ndarray]:
+def split_arrays(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The digits' ``split`` (``snnjax.data.digits_source``) as arrays: images ``[n, 8, 8, 1]``, labels ``[n]``."""
     source = digits_source(split)
     return source.read(np.arange(len(source)))
 
