@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from snnjax.layers.conv import observe_inputs
-from snnjax.neurons.modules import Stateful, observe
+from snnjax.layers.conv import Conv2d, Linear, observe_inputs
+from snnjax.neurons.modules import BaseNode, Stateful, observe
 
 __all__ = ["MSTDPETLearner", "MSTDPLearner", "STDPLearner", "mstdp_linear_step", "mstdpet_linear_step",
            "mstdpet_reward_step", "on_grad", "record", "stdp_conv2d_step", "stdp_linear_step", "stdp_multistep"]
@@ -210,6 +210,12 @@ class _Learner(nnx.Module, Stateful):
         if not isinstance(getattr(synapse, "kernel", None), nnx.Param):
             raise TypeError(f"{type(self).__name__}: synapse must be a linear or convolution layer with a kernel, got "
                             f"{type(synapse).__name__}")
+        if not isinstance(synapse, (Conv2d, Linear)):
+            raise TypeError(f"{type(self).__name__}: the synapse is a {type(synapse).__name__}, whose input record() "
+                            "cannot see; build it with snnjax.layers.linear / conv2d")
+        if not isinstance(sn, BaseNode):
+            raise TypeError(f"{type(self).__name__}: sn must be a spiking neuron (snnjax.neurons), got "
+                            f"{type(sn).__name__}")
         self._take(synapse)  # checks the synapse before anything is tagged
         self.step_mode, self.tau_pre, self.tau_post = step_mode, float(tau_pre), float(tau_post)
         self.f_pre, self.f_post = f_pre, f_post

@@ -12,6 +12,7 @@ from flax import nnx
 
 import snnjax
 from snnjax import layers, learning
+from snnjax.layers.conv import Conv2d
 from snnjax.neurons import IFNode, LIFNode, reset_net
 
 pytestmark = pytest.mark.usefixtures("x64_module", "quick_compiles_module")
@@ -186,10 +187,14 @@ def test_learner_refuses_what_spikingjelly_refuses():
     with pytest.raises(ValueError, match="step_mode"):
         learning.MSTDPLearner("m", synapse, node, tau_pre=2.0, tau_post=2.0)
     with pytest.raises(NotImplementedError, match="feature_group_count=1"):
-        conv = nnx.Conv(2, 2, (1, 1), feature_group_count=2, rngs=nnx.Rngs(0))
+        conv = Conv2d(2, 2, (1, 1), feature_group_count=2, rngs=nnx.Rngs(0))
         learning.STDPLearner("s", conv, node, tau_pre=2.0, tau_post=2.0)
     with pytest.raises(TypeError, match="kernel"):
         learning.STDPLearner("s", layers.MaxPool2d(2), node, tau_pre=2.0, tau_post=2.0)
+    with pytest.raises(TypeError, match="snnjax.layers.linear / conv2d"):
+        learning.STDPLearner("s", nnx.Linear(2, 2, rngs=nnx.Rngs(0)), node, tau_pre=2.0, tau_post=2.0)
+    with pytest.raises(TypeError, match="sn must be a spiking neuron"):
+        learning.STDPLearner("s", synapse, layers.MaxPool2d(2), tau_pre=2.0, tau_post=2.0)
     learner = learning.STDPLearner("m", synapse, node, tau_pre=2.0, tau_post=2.0)
     assert synapse.stdp_taps == ((learner.key, "pre"),) and node.stdp_taps == ((learner.key, "post"),)
     learner.close()  # record() no longer sees the layers
