@@ -447,7 +447,7 @@ def on_grad(grads: nnx.State, model: nnx.Module, learner: _Learner, delta: jax.A
     target, found = (*paths[0], "kernel"), []
 
     def add(path, g):
-        keys = tuple(k.key if isinstance(k, jax.tree_util.DictKey) else k.idx for k in path
+        keys = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path
                      if not isinstance(k, jax.tree_util.GetAttrKey))  # a Variable's own node: its value
         if keys != target:
             return g
