@@ -15,10 +15,16 @@ The result is the same (each example is convolved on its own).
 On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
 backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
 ``lax.scan``); on other backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
+
+Within ``observe_inputs(fn)`` every call of a ``Conv2d`` or ``Linear`` (what ``conv2d`` / ``linear`` build) also
+hands ``(layer, inputs)`` to ``fn``, as neurons hand their spikes to ``snnjax.neurons.modules.observe``:
+``snnjax.learning`` reads a synapse's input spikes this way.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +34,34 @@ from snnjax.layers import conv_cpu
 from snnjax.parallel.logical import annotate_layer, shards
 
 Axes = Sequence[str | None] | None
+_INPUT_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_layer_input_observer", default=None)
+
+
+@contextlib.contextmanager
+def observe_inputs(fn: Callable[[nnx.Module, jax.Array], None]):
+    """Within this context every ``Conv2d`` / ``Linear`` call also calls ``fn(layer, inputs)`` (before the layer
+    runs; ``inputs`` as the layer gets them, e.g. ``[T, N, H, W, C]``). Contexts nest: an enclosing one's ``fn`` is
+    called too."""
+    outer = _INPUT_OBSERVER.get()
+    token = _INPUT_OBSERVER.set(fn if outer is None else lambda *seen: (outer(*seen), fn(*seen)))
+    try:
+        yield
+    finally:
+        _INPUT_OBSERVER.reset(token)
+
+
+def _report_input(layer: nnx.Module, inputs: jax.Array) -> None:
+    observer = _INPUT_OBSERVER.get()
+    if observer is not None:
+        observer(layer, inputs)
+
+
+class Linear(nnx.Linear):
+    """``nnx.Linear`` whose calls ``observe_inputs`` sees."""
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        _report_input(self, inputs)
+        return super().__call__(inputs)
 
 
 class Conv2d(nnx.Conv):
@@ -40,6 +74,7 @@ class Conv2d(nnx.Conv):
         super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
+        _report_input(self, inputs)
         pt, pn = shards("time"), shards("batch")
         if inputs.ndim != 5 or pt * pn == 1:
             return super().__call__(inputs)
@@ -71,7 +106,7 @@ def conv2d(in_channels: int, out_channels: int, kernel_size: int, *, stride: int
 
 
 def linear(in_features: int, out_features: int, *, use_bias: bool = True, kernel_init=None,
-           rngs: nnx.Rngs, dtype=None, param_dtype=None, axes: Axes = None) -> nnx.Linear:
+           rngs: nnx.Rngs, dtype=None, param_dtype=None, axes: Axes = None) -> Linear:
     """``[..., in] -> [..., out]``; kernel ``[in, out]`` (a torch ``Conv1d(k=1)`` on tokens is this too).
 
     ``axes``: logical names ``(in, out)`` of the kernel (the bias takes ``out``).
@@ -81,7 +116,7 @@ def linear(in_features: int, out_features: int, *, use_bias: bool = True, kernel
         kwargs["kernel_init"] = kernel_init
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
-    layer = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+    layer = Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
     return annotate_layer(layer, axes) if axes is not None else layer
 
 
