@@ -133,7 +133,10 @@ def stack_rows(rows: list[tuple[np.ndarray, np.ndarray]], time_major: bool) -> d
 def grain_batches(make_source, source, batch_size: int, kind: str, workers: int):
     """One epoch of the loader's batches from grain: ``workers`` threads reading rows, or worker processes
     reading whole batches."""
-    import grain  # noqa: PLC0415 (an optional extra: snnjax[grain])
+    try:
+        import grain  # noqa: PLC0415 (an optional extra)
+    except ImportError as err:
+        raise ImportError("grain is not installed: pip install 'snnjax[grain]', or measure --loaders snnjax") from err
     from absl import flags  # noqa: PLC0415 (grain's worker processes read absl flags)
 
     if not flags.FLAGS.is_parsed():
