@@ -20,12 +20,13 @@ from snnjax.data.shd import shd_source, ssc_source
 from snnjax.data.source import ArraySource, Source
 from snnjax.data.synthetic import SyntheticDVSSource
 from snnjax.data.tfds_images import TfdsImageSource
+from snnjax.data.tonic_source import TonicSource, tonic_source
 
 __all__ = [
     "ArraySource", "Batch", "CIFAR10DVS_CLASS_NAMES", "ENCODERS", "EventFolderSource", "Events",
-    "FrameSpec", "Loader", "SOURCE_NAMES", "Source", "SyntheticDVSSource", "TfdsImageSource",
+    "FrameSpec", "Loader", "SOURCE_NAMES", "Source", "SyntheticDVSSource", "TfdsImageSource", "TonicSource",
     "cifar10dvs_source", "digits_source", "direct_encode", "dvs128_gesture_source", "encode", "get_source",
     "image_folder_source", "integrate_by_number", "ncaltech101_source", "nmnist_source", "poisson_encode",
     "read_aedat31", "read_cifar10dvs_aedat", "read_nmnist_bin", "resize_area", "segment_bounds_by_number",
-    "shd_source", "ssc_source",
+    "shd_source", "ssc_source", "tonic_source",
 ]

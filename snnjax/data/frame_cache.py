@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -19,6 +20,28 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger(__name__)
+# NumPy parses a .npy header with ast.literal_eval, which CPython 3.11 does not make safe from two threads at once
+# (SystemError "AST constructor recursion depth mismatch", seen with two loader threads reading cached frames):
+# headers are parsed one at a time, the data (the decompression) in parallel.
+_HEADER_LOCK = threading.Lock()
+
+
+def _read_member(archive: zipfile.ZipFile, name: str) -> np.ndarray:
+    """The array ``name`` of an ``.npz`` archive (no pickles)."""
+    with archive.open(f"{name}.npy") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{name}: .npy format {version}, which save_frames does not write")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        with _HEADER_LOCK:
+            shape, fortran_order, dtype = read_header(f)
+        if dtype.hasobject or fortran_order:
+            raise ValueError(f"{name}: an object or Fortran-order array, which save_frames does not write")
+        count = int(np.prod(shape))
+        data = f.read(count * dtype.itemsize)
+    if len(data) != count * dtype.itemsize:
+        raise ValueError(f"{name}: {len(data)} bytes of data, {count * dtype.itemsize} expected")
+    return np.frombuffer(data, dtype, count).reshape(shape).copy()
 
 
 def load_frames(path: Path, expected_shape: tuple[int, ...], key: str) -> np.ndarray | None:
@@ -26,9 +49,9 @@ def load_frames(path: Path, expected_shape: tuple[int, ...], key: str) -> np.nda
     if not path.exists():
         return None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            frames = data["frames"]
-            cached_key = str(data["key"])
+        with zipfile.ZipFile(path) as archive:
+            frames = _read_member(archive, "frames")
+            cached_key = str(_read_member(archive, "key"))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         log.warning("Rebuilding unreadable frame cache %s (%s)", path, err)
         return None

@@ -17,6 +17,9 @@ name               inputs per example         data / options
 ``shd``, ``ssc``   ``[T, 700]`` counts        ``data_dir/{shd,ssc}_{split}.h5``
 ``image_folder``   ``[s, s, 3]`` in [0, 1]    ``data_dir/{train,val}/<class>/*``; ``size``, ``flip``,
                                               ``num_workers``
+``tonic``          ``[T, H, W, P]`` counts    a ``tonic.datasets`` class's files; ``tonic_dataset``,
+                                              ``tonic_transforms``, ``tonic_augment``, ``num_classes``,
+                                              ``num_workers``
 ``synthetic_dvs``  ``[T, 48, 48, 2]`` counts  generated; ``num_examples``, ``size``,
                                               ``num_classes``, ``seed``, ``peak_rate``, ``noise_rate``
 =================  =========================  ==============================================
@@ -50,6 +53,7 @@ from snnjax.data.shd import shd_source, ssc_source
 from snnjax.data.source import Source
 from snnjax.data.synthetic import SyntheticDVSSource
 from snnjax.data.tfds_images import TfdsImageSource
+from snnjax.data.tonic_source import tonic_dataset_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,9 @@ DATASETS: dict[str, DatasetEntry] = {
     "ssc": DatasetEntry(ssc_source, reads_files=True, events=True, options=_HEIDELBERG),
     "image_folder": DatasetEntry(image_folder_source, reads_files=True, events=False,
                                  options={"size": int, "flip": bool, "num_workers": int}),
+    "tonic": DatasetEntry(tonic_dataset_source, reads_files=True, events=True,
+                          options={"tonic_dataset": str, "tonic_transforms": str, "tonic_augment": str,
+                                   "num_classes": int, "num_workers": int}),
     "synthetic_dvs": DatasetEntry(SyntheticDVSSource, reads_files=False, events=True,
                                   options={"num_examples": int, "size": int, "num_classes": int, "seed": int,
                                            "peak_rate": float, "noise_rate": float}),
