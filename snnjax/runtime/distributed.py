@@ -267,12 +267,13 @@ def _dump_stack_on_signal() -> None:
 
 
 class Heartbeat:
-    """Writes ``{"pid", "attempt", "start", "step", "time", "saved"}`` to
+    """Writes ``{"pid", "attempt", "start", "step", "time", "saved", "save_s"}`` to
     ``$SNNJAX_HEARTBEAT_DIR/heartbeat<rank>.json``.
 
     ``step`` is the last step this process finished dispatching, ``time`` when (Unix seconds), ``start`` the step
     the run began or resumed at, ``saved`` the step whose checkpoint a stop signal had it write (waited for), or
-    None. Without the launcher's directory it writes nothing.
+    None, ``save_s`` the longest a checkpoint of this run took to write (seconds; 0 before the first). Without the
+    launcher's directory it writes nothing.
     """
 
     def __init__(self):
@@ -280,13 +281,14 @@ class Heartbeat:
         self.path = pathlib.Path(directory) / f"heartbeat{_rank()}.json" if directory else None
         self.attempt = launch_info().attempt if directory else 0
         self.saved: int | None = None
+        self.save_s = 0.0
         self._lock = threading.Lock()  # the loop and its watching thread both write
 
     def write(self, start: int, step: int, at: float) -> None:
         if self.path is None:
             return
         record = {"pid": os.getpid(), "attempt": self.attempt, "start": start, "step": step, "time": at,
-                  "saved": self.saved}
+                  "saved": self.saved, "save_s": self.save_s}
         with self._lock:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))

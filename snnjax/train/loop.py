@@ -27,11 +27,18 @@ Faults a long run meets:
   so later steps read the same data) and counts it in ``skipped_steps``. The
   flags are read at each logging, evaluation and checkpoint step, not every step,
   so the loop does not wait for the device in between.
-* A checkpoint that cannot be written: :class:`CheckpointError` naming the step
-  and the complete checkpoints left, which the failure did not touch.
+* Steps in flight: the loop dispatches steps ahead of the device, but waits for
+  the step ``STEPS_IN_FLIGHT`` back before it goes on. Without that bound, a
+  multi-process job with no host sync for long (large ``log_every_steps`` and
+  ``checkpoint_every_steps``) queued dozens of steps, and 2 processes x 4 CPU
+  devices over gloo deadlocked after 36-150 of them.
+* A checkpoint that cannot be written (a full disk): ``checkpoint.CheckpointWriteError``
+  naming the step and the complete checkpoints left, which the failure did not
+  touch (``train.py`` exits 75: resumable once the cause is fixed).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -71,6 +78,7 @@ from snnjax.train.step import StepConfig, model_inputs
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
+STEPS_IN_FLIGHT = 2  # steps dispatched but not finished: enough to keep the device fed, too few to deadlock
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}  # config.dtype -> compute dtype
 _OFFLOADED = {"opt_state": "optimizer state", "params": "parameters (fetched per unit)",
               "all": "parameters (fetched per unit) and optimizer state"}
@@ -303,7 +311,7 @@ class Trainer:
             raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
                                   "run, or choose another --workdir (nothing was overwritten). From Python: set "
                                   "config.resume = True, or pass another workdir to Trainer(config, workdir)")
-        self.checkpointer = Checkpointer(ckpt_dir, self.keep_checkpoints)
+        self.checkpointer = Checkpointer(ckpt_dir, self.keep_checkpoints, on_saved=self._signals.save_took)
 
     def _save(self) -> None:
         meta = {"global_batch_size": self.global_batch_size, "data": self.data_name,
@@ -435,12 +443,16 @@ class Trainer:
         train_time, trained, last = 0.0, 0, {}
         eval_metrics: dict[str, float] = {}
         unchecked: list[tuple[int, dict[str, jax.Array]]] = []  # (step, metrics) whose finite flag is unread
+        in_flight: collections.deque[jax.Array] = collections.deque()  # the losses of the steps not waited for
         batch, stop = first, None
         with progress, contextlib.closing(profiler) as profiler:
             for step in range(start, self.total_steps):
                 t = time.perf_counter()
                 profiler.before(step + 1)
                 metrics = self.trainer.advance(batch)
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > STEPS_IN_FLIGHT:
+                    in_flight.popleft().block_until_ready()
                 if profiler.after(step + 1, metrics):
                     profile = self.trainer.record_profile(profiler.trace, print_with=progress.write)
                     if profile is not None:
