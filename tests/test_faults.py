@@ -232,6 +232,35 @@ def test_stop_names_the_step_saves_nothing_after_it_and_resume_with_skip_continu
     assert_same(saved(tmp_path, STEPS), saved(skipped_run[0], STEPS), but=())
 
 
+def test_a_corrupt_example_is_skipped_and_counted(tmp_path, monkeypatch):
+    """data.on_corrupt="skip": an example whose read fails (as a corrupt file's does: ValueError naming it) is
+    replaced by the next one, with a warning; metrics.jsonl and summary.json count it."""
+    real = loop.make_sources
+
+    def make_sources(c):
+        train, test = real(c)
+        read = train._read
+        bad = Loader(train, c.global_batch_size, seed=c.seed, prefetch=0).step_indices(0, 1)[0][3]  # step 2's
+
+        def reading(indices):
+            if bad in indices:
+                raise ValueError(f"digits/{bad}.png: corrupt")
+            return read(indices)
+
+        train._read = reading
+        return train, test
+
+    monkeypatch.setattr(loop, "make_sources", make_sources)
+    c = small_config(checkpoint_every_steps=100, log_every_steps=3)
+    c.data.on_corrupt = "skip"
+    with pytest.warns(RuntimeWarning, match=r"skipping a corrupt digits training example \(config.data.on_corrupt="
+                                            r"'skip'\): digits/\d+.png: corrupt"):
+        summary = train_and_evaluate(c, tmp_path)
+    assert summary["skipped_examples"] == {"train": 1, "test": 0}
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_examples"] for r in records if "train_loss" in r] == [1, 1]
+
+
 def test_a_diverged_step_is_told_apart_from_bad_inputs(tmp_path):
     c = small_config(learning_rate=1e38, optimizer="sgd", schedule="constant", checkpoint_every_steps=100)
     with pytest.raises(NonFiniteError, match=r"Its batch inputs are finite, so the model diverged: lower "

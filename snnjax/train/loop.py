@@ -32,6 +32,10 @@ Faults a long run meets:
   multi-process job with no host sync for long (large ``log_every_steps`` and
   ``checkpoint_every_steps``) queued dozens of steps, and 2 processes x 4 CPU
   devices over gloo deadlocked after 36-150 of them.
+* A data file that turns out corrupt (``config.data.on_corrupt``): ``"error"`` stops
+  the run with the reader's error naming the file; ``"skip"`` trains on the next
+  readable example in its place, with a warning naming the file, and counts it
+  (``snnjax.data.source.OnCorrupt``).
 * A checkpoint that cannot be written (a full disk): ``checkpoint.CheckpointWriteError``
   naming the step and the complete checkpoints left, which the failure did not
   touch (``train.py`` exits 75: resumable once the cause is fixed).
@@ -59,6 +63,7 @@ from tqdm.auto import tqdm
 
 from snnjax import monitor, parallel
 from snnjax.data import Loader, get_source
+from snnjax.data.source import OnCorrupt
 from snnjax.models import create_model, remat
 from snnjax.models.registry import REGISTRY, DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
@@ -207,7 +212,9 @@ class Trainer:
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
         if mesh is not None:
             mesh_lib.check_batch_divides(mesh, batch, accum)
-        train_src, test_src = make_sources(c)
+        train_src, test_src = (OnCorrupt(source, c.data.on_corrupt, what=f"{c.data.name} {split}")
+                               for source, split in zip(make_sources(c), ("training", "test"), strict=True))
+        self.skip_corrupt = c.data.on_corrupt == "skip"
         time_major = train_src.time_steps is not None
         # Each process reads the rows its devices hold. Mode auto (mesh planned below) splits the batch outermost
         # over a multiple of the process count, where the default slice (process k of P) is those rows.
@@ -484,6 +491,8 @@ class Trainer:
                             "samples_per_sec": window_steps * self.global_batch_size / elapsed}
                     if self.skip_nonfinite:
                         last["skipped_steps"] = len(values) - len(kept)
+                    if self.skip_corrupt:  # found so far by this process (its reads run ahead of the steps)
+                        last["skipped_examples"] = len(self.train_loader.source.corrupt)
                     writer.write(done, last)
                     progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
                                          sps=f"{last['samples_per_sec']:.0f}")
@@ -521,6 +530,8 @@ class Trainer:
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": self.global_batch_size,
             "skipped_steps": self.skipped_steps, "restarts": _restarts(start),
+            "skipped_examples": {"train": len(self.train_loader.source.corrupt),
+                                 "test": len(self.eval_loader.source.corrupt)},
             "samples_per_sec": trained * self.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": self.model_name, "num_params": self.num_params, "dataset": self.data_name, "dtype": self.dtype,
