@@ -141,6 +141,7 @@ class _Soak:
         self.starts = 0
         self.stops_continued = 0
         self.stopped: dict[int, float] = {}  # pid frozen by SIGSTOP: when
+        self.preempted: subprocess.Popen | None = None  # a launcher sent SIGTERM: no more faults until it exits
 
     def start(self) -> subprocess.Popen:
         self.starts += 1
@@ -158,40 +159,45 @@ class _Soak:
                         self.stops_continued += 1
                 del self.stopped[pid]
 
-    def _inject(self, launcher: subprocess.Popen) -> bool:
-        """One fault; False if there was nothing to hit (the job between attempts)."""
-        kind = self.rng.choice(KINDS)
+    def _inject(self, kind: str, launcher: subprocess.Popen) -> bool:
+        """Fault ``kind``; False if there was nothing to hit (no training process: the job between attempts)."""
+        target = "the launcher"
         if kind == "SIGTERM launcher":
             launcher.send_signal(signal.SIGTERM)
+            self.preempted = launcher
         else:
             ranks = _ranks(launcher)
             if not ranks:
                 return False
-            pid = ranks[self.rng.choice(sorted(ranks))]
+            rank = self.rng.choice(sorted(ranks))
             sig = {"SIGKILL rank": signal.SIGKILL, "SIGTERM rank": signal.SIGTERM, "SIGSTOP rank": signal.SIGSTOP}[kind]
             try:
-                os.kill(pid, sig)
+                os.kill(ranks[rank], sig)
             except ProcessLookupError:
                 return False
             if sig == signal.SIGSTOP:
-                self.stopped[pid] = time.monotonic()
+                self.stopped[ranks[rank]] = time.monotonic()
+            target = f"rank {rank}"
         self.faults[kind] += 1
-        print(f"soak: {time.strftime('%H:%M:%S')} {kind}", file=sys.stderr, flush=True)
+        print(f"soak: {time.strftime('%H:%M:%S')} {kind} ({target}, launcher start {self.starts})", file=sys.stderr,
+              flush=True)
         return True
 
     def run(self, duration_s: float) -> subprocess.Popen:
         """Inject faults for ``duration_s``; returns the launcher running at the end."""
         deadline = time.monotonic() + duration_s
         launcher = self.start()
-        next_fault = time.monotonic() + self.rng.expovariate(1 / self.a.mean_gap_s)
+        next_fault, kind = time.monotonic() + self.rng.expovariate(1 / self.a.mean_gap_s), self.rng.choice(KINDS)
         while time.monotonic() < deadline:
             time.sleep(0.1)
             self._continue_frozen()
             if launcher.poll() is not None:
                 self.exits.append(launcher.returncode)
                 launcher = self.start()
-            if time.monotonic() >= next_fault and self._inject(launcher):
+            # One fault at a time: the kind drawn waits for a target (a training process, a launcher not preempted).
+            if time.monotonic() >= next_fault and self.preempted is not launcher and self._inject(kind, launcher):
                 next_fault = time.monotonic() + self.rng.expovariate(1 / self.a.mean_gap_s)
+                kind = self.rng.choice(KINDS)
         return launcher
 
     def finish(self, launcher: subprocess.Popen) -> None:
