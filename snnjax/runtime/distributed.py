@@ -126,6 +126,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         _wait_for_coordinator(address, index, timeout_s)
     # With all three given, jax's cluster detection would still pick this process's GPUs from a scheduler's
     # variables (SLURM_LOCALID), overriding the CUDA_VISIBLE_DEVICES a launcher chose; "deactivate" stops it.
+    # jax's preemption service catches SIGTERM in native code from here on; until the training loop installs its
+    # handlers (snnjax.train.faults.StopSignals: the processes agree on a step, save it and exit 143) a SIGTERM
+    # would then be swallowed, and the process killed only by the launcher's SIGKILL after its grace period.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(address, count, index, initialization_timeout=max(1, math.ceil(timeout_s)),
                                cluster_detection_method="deactivate" if cluster is None else None, **timeouts)
     _joined = (address, count, index)
