@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "mean_gap_s": a.mean_gap_s, "seed": a.seed, "processes": a.nproc,
                   "devices_per_process": a.devices_per_proc, "hang_timeout_s": a.hang_timeout_s,
                   "faults": {k: soak.faults[k] for k in KINDS}, "stops_continued": soak.stops_continued,
-                  "restarts": len(re.findall(r"^launch: restart \d+ of", log, re.M)),
+                  "restarts": len(re.findall(r"launch: restart \d+ of", log)),
                   "launcher_starts": soak.starts, "launcher_exits": soak.exits, "final_step": final,
                   "arrays_compared": len(want), "bitwise_equal": not differing, "differing": differing,
                   "reference_s": round(reference_s, 1), "wall_s": round(time.monotonic() - t0, 1),

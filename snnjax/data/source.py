@@ -155,8 +155,10 @@ class OnCorrupt(Source):
         return self._read_keyed(indices, None)
 
     def _read_keyed(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            known = list(self.corrupt)
         try:
-            if not self.corrupt or not np.isin(indices, list(self.corrupt)).any():
+            if not known or not np.isin(indices, known).any():
                 return self.source.read(indices, keys)
         except CORRUPT_ERRORS as e:
             if self.on_corrupt == "error":
@@ -170,8 +172,9 @@ class OnCorrupt(Source):
         n, first = len(self.source), None
         for offset in range(min(self.MAX_SEARCH, n)):
             i = (index + offset) % n
-            if i in self.corrupt:
-                continue
+            with self._lock:
+                if i in self.corrupt:
+                    continue
             try:
                 return self.source.read(np.array([i]), key)
             except CORRUPT_ERRORS as e:
