@@ -27,7 +27,7 @@ reference; every array of the two step-S checkpoints (parameters, optimizer stat
 One JSON line per run goes to stdout and ``--out``: ``duration_s`` (the faulty phase), ``faults`` (count by kind),
 ``restarts`` (the launchers' restarts of the job), ``launcher_starts`` and ``launcher_exits`` (exit codes),
 ``final_step``, ``bitwise_equal`` (and ``differing``: the arrays that are not), ``reference_s``, ``wall_s``,
-``load_avg`` (the 1-minute load average at the start and end) and the commit.
+``load_avg`` (the 1-minute load average at the start and end), the commit and the jax version.
 """
 from __future__ import annotations
 
@@ -245,7 +245,10 @@ def main(argv: list[str] | None = None) -> dict:
         differing = sorted(k for k in want.keys() | got.keys()
                            if k not in got or k not in want or got[k].dtype != want[k].dtype
                            or not np.array_equal(got[k], want[k]))
-        record = {"bench": "soak", "commit": git_commit(), "duration_s": round(duration, 1),
+        import jax  # noqa: PLC0415
+
+        record = {"bench": "soak", "commit": git_commit(), "device_kind": "cpu", "jax_version": jax.__version__,
+                  "duration_s": round(duration, 1),
                   "mean_gap_s": a.mean_gap_s, "seed": a.seed, "processes": a.nproc,
                   "devices_per_process": a.devices_per_proc, "hang_timeout_s": a.hang_timeout_s,
                   "faults": {k: soak.faults[k] for k in KINDS}, "stops_continued": soak.stops_continued,
