@@ -55,8 +55,8 @@ from snnjax.runtime.distributed import ENV_COLLECTIVE_TIMEOUT, ENV_COORDINATOR, 
 
 EXIT_HUNG = 124  # a process made no progress for --hang-timeout-s (as timeout(1) exits)
 EXIT_UNSAVED = 125  # stopped on a signal, but some process was killed (or failed) before it saved
-# The grace period before the first save's time is known: a few steps, the digits config's first save and the
-# exit on a 2-core machine at load average 20 took up to 5.5 s (docs/multihost.md).
+# The grace period before the first save's time is known: the digits config's last steps, first save and exit
+# took 2.2-4.8 s in 7 of 8 runs on a 2-core machine at load average 20, and over 5 s in the eighth (docs/multihost.md).
 GRACE_S = 10.0
 
 _PR_SET_PDEATHSIG = 1
@@ -280,8 +280,8 @@ class Launcher:
         return self.grace_s + 2 * self.save_s
 
     def _grace_said(self, after: str = "") -> str:
-        """"10 s after SIGTERM (--grace-s)", or with the saves' share "13.2 s after SIGTERM (--grace-s 10 + twice the
-        slowest save, 1.6 s)"."""
+        """The grace period in words: ``10 s after SIGTERM (--grace-s)``, or with the saves' share ``13.2 s after
+        SIGTERM (--grace-s 10 + twice the slowest save, 1.6 s)``."""
         why = (f"--grace-s {self.grace_s:g} + twice the slowest save, {self.save_s:.2g} s" if self.save_s else
                "--grace-s")
         return f"{self.grace():.3g} s{' after ' + after if after else ''} ({why})"
