@@ -3,7 +3,8 @@
 The config is read by ``snnjax.train.config.load`` (the loader every command uses): ``--config.KEY=VALUE`` sets
 an existing key, ``--config.KEY=None`` sets None (``--config.model.v_reset=None``: soft reset).
 Exit status: 0 done; 1 an error (one line on stderr); 2 a bad flag; 143 / 130 stopped by SIGTERM / SIGINT
-after saving a checkpoint (rerun with ``--config.resume=True`` to continue).
+after saving a checkpoint (rerun with ``--config.resume=True`` to continue); 75 a checkpoint could not be written
+(disk full, permissions: the earlier checkpoints are intact; fix the cause, then resume the same way).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> int:
 
     if config.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    from snnjax.train.checkpoint import CheckpointError  # noqa: PLC0415
+    from snnjax.train.checkpoint import CheckpointError, CheckpointWriteError  # noqa: PLC0415
     from snnjax.train.faults import NonFiniteError, Preempted  # noqa: PLC0415
     from snnjax.train.loop import train_and_evaluate  # noqa: PLC0415
 
@@ -95,6 +96,9 @@ def main(argv: list[str]) -> int:
         # 128 + signal (143 SIGTERM, 130 SIGINT), as a shell reports death by that signal; at once, within the
         # scheduler's grace period
         distributed.exit_now(e.exit_code)
+    except CheckpointWriteError as e:  # stopped cleanly, resumable: the error names the checkpoints left
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     except (ValueError, FileNotFoundError, CheckpointError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ each case then damages one the way a bad download, a full disk or a wrong file d
 import io
 import re
 import struct
+import warnings
 
 import h5py
 import numpy as np
@@ -32,6 +33,7 @@ from snnjax.data.events import Events, check_events
 from snnjax.data.image_folder import load_image
 from snnjax.data.nmnist import read_nmnist_bin
 from snnjax.data.registry import get_source
+from snnjax.data.source import OnCorrupt
 
 
 def valid_aedat(n: int = 200, seed: int = 0) -> bytes:
@@ -137,6 +139,61 @@ def test_a_corrupt_file_is_named_through_the_source_cache_and_prefetch_thread(tm
     assert not source.cache_path(source.files.index(bad)).exists()  # nothing cached for it
     with pytest.raises(ValueError, match=re.escape(str(bad))):
         source.prepare(num_workers=2)  # the cache builder's threads
+
+
+@pytest.fixture
+def turned_corrupt(tmp_path):
+    """CIFAR10-DVS folders (4 files per class) whose file ``cat/cifar10_cat_1.aedat`` turns to random bytes after
+    its source was built: ``(source of split "all", the file, its index)``."""
+    write_cifar10dvs(tmp_path, [4] * 10, n_events=40)
+    source = get_source("cifar10dvs", "all", data_dir=tmp_path, time_steps=2, num_workers=2, cache=False)
+    bad = tmp_path / "cat" / "cifar10_cat_1.aedat"
+    bad.write_bytes(np.random.default_rng(9).bytes(bad.stat().st_size))
+    return source, bad, source.files.index(bad)
+
+
+def test_a_file_that_turns_out_corrupt_is_skipped(turned_corrupt):
+    """on_corrupt="skip": the example's place in its batch goes to the next example of the dataset, with one warning
+    naming the file (not again in the next epoch), and the index is counted."""
+    source, bad, index = turned_corrupt
+    skipping = OnCorrupt(source, "skip", what="cifar10dvs training")
+    loader = Loader(skipping, 8, seed=0, shuffle=False, process_index=0, process_count=1, prefetch=0)
+    with pytest.warns(RuntimeWarning) as caught:
+        epoch = list(loader.epoch_batches(0))
+    assert len(caught) == 1 and str(caught[0].message).startswith(
+        f"skipping a corrupt cifar10dvs training example (config.data.on_corrupt='skip'): {bad}: not an AEDAT file")
+    assert list(skipping.corrupt) == [index]
+    step, row = divmod(index, 8)
+    inputs, labels = source.read([index + 1])  # [1, T, H, W, 2]; the batches are time-major
+    np.testing.assert_array_equal(epoch[step]["inputs"][:, row], inputs[0])
+    assert epoch[step]["labels"][row] == labels[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # known now: no second warning
+        again = next(iter(loader.epoch_batches(0, start_step=step)))
+    np.testing.assert_array_equal(again["inputs"], epoch[step]["inputs"])
+
+
+def test_a_file_that_turns_out_corrupt_stops_the_read_through_the_workers(turned_corrupt):
+    """on_corrupt="error": the reader's error, raised in a worker thread under the prefetch thread, reaches the
+    consumer naming the file and the setting that skips it."""
+    source, bad, _ = turned_corrupt
+    loader = Loader(OnCorrupt(source, "error", what="cifar10dvs training"), 8, seed=0, shuffle=False,
+                    process_index=0, process_count=1, prefetch=2)
+    with pytest.raises(ValueError, match=re.escape(f"{bad}: not an AEDAT file") + r".*\(a cifar10dvs training "
+                                         r"example; config.data.on_corrupt='skip' skips such examples"):
+        list(loader.epoch_batches(0))
+
+
+def test_an_unreadable_dataset_is_not_skipped_file_by_file(tmp_path):
+    write_cifar10dvs(tmp_path, [4] * 10, n_events=40)
+    source = get_source("cifar10dvs", "all", data_dir=tmp_path, time_steps=2, cache=False)
+    for f in source.files:
+        f.unlink()
+    with pytest.raises(ValueError, match=r"40 cifar10dvs training examples in a row from index 0 fail to read, "
+                                         r"which is not a corrupt file but an unreadable dataset; the first error: "):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            OnCorrupt(source, "skip", what="cifar10dvs training").read([0])
 
 
 def test_a_reader_that_checks_nothing_still_gets_the_file_named(tmp_path):

@@ -24,7 +24,7 @@ from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpoin
 
 from snnjax.data import Loader
 from snnjax.train import base_config, loop, train_and_evaluate, validate
-from snnjax.train.checkpoint import Checkpointer, CheckpointError, check_digest, complete_steps
+from snnjax.train.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, check_digest, complete_steps
 from snnjax.train.loop import NonFiniteError, Preempted
 
 STEPS = 6
@@ -232,6 +232,35 @@ def test_stop_names_the_step_saves_nothing_after_it_and_resume_with_skip_continu
     assert_same(saved(tmp_path, STEPS), saved(skipped_run[0], STEPS), but=())
 
 
+def test_a_corrupt_example_is_skipped_and_counted(tmp_path, monkeypatch):
+    """data.on_corrupt="skip": an example whose read fails (as a corrupt file's does: ValueError naming it) is
+    replaced by the next one, with a warning; metrics.jsonl and summary.json count it."""
+    real = loop.make_sources
+
+    def make_sources(c):
+        train, test = real(c)
+        read = train._read
+        bad = Loader(train, c.global_batch_size, seed=c.seed, prefetch=0).step_indices(0, 1)[0][3]  # step 2's
+
+        def reading(indices):
+            if bad in indices:
+                raise ValueError(f"digits/{bad}.png: corrupt")
+            return read(indices)
+
+        train._read = reading
+        return train, test
+
+    monkeypatch.setattr(loop, "make_sources", make_sources)
+    c = small_config(checkpoint_every_steps=100, log_every_steps=3)
+    c.data.on_corrupt = "skip"
+    with pytest.warns(RuntimeWarning, match=r"skipping a corrupt digits training example \(config.data.on_corrupt="
+                                            r"'skip'\): digits/\d+.png: corrupt"):
+        summary = train_and_evaluate(c, tmp_path)
+    assert summary["skipped_examples"] == {"train": 1, "test": 0}
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_examples"] for r in records if "train_loss" in r] == [1, 1]
+
+
 def test_a_diverged_step_is_told_apart_from_bad_inputs(tmp_path):
     c = small_config(learning_rate=1e38, optimizer="sgd", schedule="constant", checkpoint_every_steps=100)
     with pytest.raises(NonFiniteError, match=r"Its batch inputs are finite, so the model diverged: lower "
@@ -266,10 +295,11 @@ def test_failed_checkpoint_write_keeps_earlier_checkpoints(tmp_path, monkeypatch
 
         monkeypatch.setattr(ocp.CheckpointManager, "save", save)
     c = small_config(checkpoint_every_steps=2, keep_checkpoints=1)  # a finished save of 4 would delete 2
-    with pytest.raises(CheckpointError, match=r"saving the checkpoint of step 4 to \S+ failed: OSError: \[Errno 28\] "
-                                              r"No space left on device.*steps \[2\] \(latest 2\), are intact.*"
-                                              r"--config.resume=True to continue from step 2"):
+    with pytest.raises(CheckpointWriteError, match=r"saving the checkpoint of step 4 to \S+ failed: OSError: \[Errno "
+                                                   r"28\] No space left on device.*steps \[2\] \(latest 2\), are "
+                                                   r"intact.*--config.resume=True to continue from step 2") as failed:
         train_and_evaluate(c, tmp_path)
+    assert failed.value.exit_code == 75  # train.py's: resumable, as after a preemption
     assert len(calls) == 2  # nothing was saved after the failure
     assert complete_steps(tmp_path / "checkpoints") == [2] and not (tmp_path / "summary.json").exists()
 
@@ -295,6 +325,26 @@ def test_a_failed_first_checkpoint_leaves_a_workdir_a_fresh_run_can_use(tmp_path
     monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", real)
     train_and_evaluate(c, tmp_path)
     assert_same(saved(tmp_path, STEPS), saved(reference, STEPS), but=())
+
+
+@struct.dataclass
+class State:
+    """The fields of a train state that a checkpoint holds."""
+
+    step: object
+    params: dict
+    model_state: dict
+    opt_state: dict
+
+
+def test_each_save_reports_how_long_it_took(tmp_path):
+    """``on_saved`` gets each save's seconds once its files and digest are written (the launcher's grace period)."""
+    took = []
+    c = Checkpointer(tmp_path, on_saved=took.append)
+    for step in (1, 2):
+        c.save(State(jnp.int32(step), {"w": jnp.zeros(8)}, {}, {}), {"step": step})
+    c.close()
+    assert len(took) == 2 and all(0 < t < 120 for t in took) and check_digest(tmp_path / "2")
 
 
 # ----------------------------------------------------------------------------- SIGKILL during checkpoint writes
@@ -332,15 +382,6 @@ def test_sigkill_during_checkpoint_writes_leaves_the_latest_complete_step_restor
     """Killed at random moments of a stream of saves (array files, metadata, the digest, the rename, the deletion
     of old steps): every complete step passes its digest and the latest restores to exactly what was saved.
     ``SNNJAX_KILL_TRIALS=50`` for the by-hand run."""
-
-
-    @struct.dataclass
-    class State:
-        step: object
-        params: dict
-        model_state: dict
-        opt_state: dict
-
     template = State(jnp.int32(0), {"w": jnp.zeros(4096), "b": jnp.zeros(3)}, {}, {"mu": jnp.zeros(4096)})
     rng = np.random.default_rng(0)
     for trial in range(KILL_TRIALS):

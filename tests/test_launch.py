@@ -313,6 +313,40 @@ def test_signals_reach_the_children_and_the_launcher_takes_them_along(tmp_path, 
     assert not [p for p in pids if alive(p)]
 
 
+# A child that reports (heartbeat) that its checkpoints take 1 s to write, and on SIGTERM takes 1 s to save.
+SLOW_SAVER = """
+    import json, os, pathlib, signal, sys, time
+    rank, beats = int(os.environ["JAX_PROCESS_ID"]), pathlib.Path(os.environ["SNNJAX_HEARTBEAT_DIR"])
+    def beat(saved):
+        record = {"pid": os.getpid(), "attempt": 0, "start": 0, "step": 1, "time": time.time(), "saved": saved,
+                  "save_s": 1.0}
+        (beats / f"beat{rank}.tmp").write_text(json.dumps(record))
+        (beats / f"beat{rank}.tmp").rename(beats / f"heartbeat{rank}.json")
+    def save(signum, frame):
+        time.sleep(1.0)
+        beat(1)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, save)
+    beat(None)
+    (pathlib.Path(sys.argv[1]) / f"pid{rank}").write_text(str(os.getpid()))
+    time.sleep(600)
+"""
+
+
+def test_the_grace_period_covers_the_measured_saves(tmp_path, cleanup):
+    """--grace-s 0.3, but the processes report saves of 1 s: the launcher waits 0.3 + 2 x 1 s, and the job, whose
+    preemption save takes 1 s, exits 143 (saved) rather than 125."""
+    script = write_script(tmp_path, SLOW_SAVER)
+    proc = subprocess.Popen(launch_cmd("--nproc", 2, "--grace-s", 0.3, script, tmp_path), env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cleanup += wait_for_pids(tmp_path, 2)
+    time.sleep(0.6)  # the launcher reads the heartbeats every 0.25 s
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert "launch: stopped all 2 processes on SIGTERM; each saved its checkpoint of step 1 (exit code 143" in err
+
+
 # -- real jobs -----------------------------------------------------------------------------------
 
 

@@ -9,12 +9,22 @@ numpy arrays back:
   (frame, y, x, polarity), with a per-example time axis (the batcher moves
   time first);
 * ``labels`` ``[n]`` int32 class indices in ``[0, num_classes)``.
+
+:class:`OnCorrupt` wraps a source to say what an example that fails to read
+(a corrupt file) does: stop the read with the reader's error, or be skipped.
 """
 from __future__ import annotations
 
 import abc
+import threading
+import warnings
 
 import numpy as np
+
+ON_CORRUPT = ("error", "skip")  # config.data.on_corrupt
+# What the readers raise for a file they cannot use (docs/files.md): ValueError naming the file and what is
+# wrong, OSError for one that cannot be read at all (gone, unreadable).
+CORRUPT_ERRORS = (ValueError, OSError)
 
 
 class Source(abc.ABC):
@@ -102,3 +112,78 @@ class ArraySource(Source):
 
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._inputs[indices], self._labels[indices]
+
+
+class OnCorrupt(Source):
+    """``source``, with a policy for examples that fail to read (the readers' ``CORRUPT_ERRORS``, naming the file).
+
+    ``"error"``: the read stops with a ``ValueError`` carrying the reader's message and how to skip such examples.
+    ``"skip"``: a failing example is replaced in its batch by the next example of the dataset (index ``i + 1``,
+    ``i + 2``, ..., wrapping around) that reads, with a ``RuntimeWarning`` naming it the first time; every index
+    found corrupt is kept in ``corrupt`` (index: the error's message). The replacement depends only on which files
+    are corrupt, so a resumed run reads the same batches. A batch reads whole first; only a batch that fails is
+    read again example by example. Up to ``MAX_SEARCH`` examples in a row may fail; more is not a corrupt file but
+    an unreadable dataset, and raises the error.
+
+    Args:
+      source: the dataset.
+      on_corrupt: ``"error"`` or ``"skip"``.
+      what: the dataset's name and split for the messages (``"cifar10dvs training"``).
+    """
+
+    MAX_SEARCH = 64
+
+    def __init__(self, source: Source, on_corrupt: str = "error", *, what: str = "data"):
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt={on_corrupt!r} is not allowed; choose one of {list(ON_CORRUPT)} "
+                             "(config.data.on_corrupt)")
+        self.source, self.on_corrupt, self.what = source, on_corrupt, what
+        self.num_classes, self.example_shape = source.num_classes, source.example_shape
+        self.time_steps = source.time_steps
+        self.corrupt: dict[int, str] = {}
+        self._lock = threading.Lock()  # the loader's prefetch thread and the main thread may both read
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getattr__(self, name: str):  # the wrapped source's own attributes (``files``, ...)
+        if name == "source":
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_keyed(indices, None)
+
+    def _read_keyed(self, indices: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            known = list(self.corrupt)
+        try:
+            if not known or not np.isin(indices, known).any():
+                return self.source.read(indices, keys)
+        except CORRUPT_ERRORS as e:
+            if self.on_corrupt == "error":
+                raise ValueError(f"{e} (a {self.what} example; config.data.on_corrupt='skip' skips such examples "
+                                 "with a warning)") from e
+        rows = [self._read_one(int(i), None if keys is None else keys[r:r + 1]) for r, i in enumerate(indices)]
+        return np.concatenate([x for x, _ in rows]), np.concatenate([y for _, y in rows])
+
+    def _read_one(self, index: int, key: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Example ``index``, or the next one that reads in its place."""
+        n, first = len(self.source), None
+        for offset in range(min(self.MAX_SEARCH, n)):
+            i = (index + offset) % n
+            with self._lock:
+                if i in self.corrupt:
+                    continue
+            try:
+                return self.source.read(np.array([i]), key)
+            except CORRUPT_ERRORS as e:
+                first = first or e
+                with self._lock:
+                    known = i in self.corrupt
+                    self.corrupt[i] = str(e)
+                if not known:
+                    warnings.warn(f"skipping a corrupt {self.what} example (config.data.on_corrupt='skip'): {e}",
+                                  RuntimeWarning, stacklevel=2)
+        raise ValueError(f"{min(self.MAX_SEARCH, n)} {self.what} examples in a row from index {index} fail to read, "
+                         f"which is not a corrupt file but an unreadable dataset; the first error: {first}") from first

@@ -126,6 +126,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         _wait_for_coordinator(address, index, timeout_s)
     # With all three given, jax's cluster detection would still pick this process's GPUs from a scheduler's
     # variables (SLURM_LOCALID), overriding the CUDA_VISIBLE_DEVICES a launcher chose; "deactivate" stops it.
+    # jax's preemption service catches SIGTERM in native code from here on; until the training loop installs its
+    # handlers (snnjax.train.faults.StopSignals: the processes agree on a step, save it and exit 143) a SIGTERM
+    # would then be swallowed, and the process killed only by the launcher's SIGKILL after its grace period.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(address, count, index, initialization_timeout=max(1, math.ceil(timeout_s)),
                                cluster_detection_method="deactivate" if cluster is None else None, **timeouts)
     _joined = (address, count, index)
@@ -267,12 +271,13 @@ def _dump_stack_on_signal() -> None:
 
 
 class Heartbeat:
-    """Writes ``{"pid", "attempt", "start", "step", "time", "saved"}`` to
+    """Writes ``{"pid", "attempt", "start", "step", "time", "saved", "save_s"}`` to
     ``$SNNJAX_HEARTBEAT_DIR/heartbeat<rank>.json``.
 
     ``step`` is the last step this process finished dispatching, ``time`` when (Unix seconds), ``start`` the step
     the run began or resumed at, ``saved`` the step whose checkpoint a stop signal had it write (waited for), or
-    None. Without the launcher's directory it writes nothing.
+    None, ``save_s`` the longest a checkpoint of this run took to write (seconds; 0 before the first). Without the
+    launcher's directory it writes nothing.
     """
 
     def __init__(self):
@@ -280,13 +285,14 @@ class Heartbeat:
         self.path = pathlib.Path(directory) / f"heartbeat{_rank()}.json" if directory else None
         self.attempt = launch_info().attempt if directory else 0
         self.saved: int | None = None
+        self.save_s = 0.0
         self._lock = threading.Lock()  # the loop and its watching thread both write
 
     def write(self, start: int, step: int, at: float) -> None:
         if self.path is None:
             return
         record = {"pid": os.getpid(), "attempt": self.attempt, "start": start, "step": step, "time": at,
-                  "saved": self.saved}
+                  "saved": self.saved, "save_s": self.save_s}
         with self._lock:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))

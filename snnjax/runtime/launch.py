@@ -15,18 +15,20 @@ environment, which :func:`snnjax.runtime.distributed.initialize` reads (``train.
 
 Every line a process prints is prefixed ``[rank k] `` (stdout to stdout, stderr to stderr;
 whole lines only, so processes' lines never mix; a ``\\r`` ends a line, as progress bars use
-it). SIGINT and SIGTERM are passed on to all processes, and SIGKILL follows ``--grace-s``
-seconds later, or at a second signal; the launcher then exits with 128 + signal only if every
-process saved its checkpoint and exited (``train.py`` exits 128 + signal after saving), else
-with ``EXIT_UNSAVED`` (125), naming the processes killed or failed before saving. When one
-exits with an error, is killed, or (``--hang-timeout-s``) finishes no step for that long (its
-Python stack is printed), the others get SIGTERM, then SIGKILL after ``--grace-s`` seconds;
-with ``--max-restarts`` left, the job starts again (``SNNJAX_ATTEMPT`` tells the processes,
-and ``train.py`` resumes from its latest checkpoint), with one process fewer, down to
-``--nproc-min``, when a process fails again before the restarted job's first step. Otherwise
-the launcher exits with that process's code (128 + signal if a signal ended it; ``EXIT_HUNG``,
-124, if it hung), naming its rank; 0 when all succeed. Each process runs in its own process
-group (killed as a group) and, on Linux, is killed if the launcher itself dies.
+it). SIGINT and SIGTERM are passed on to all processes, and SIGKILL follows the grace period
+later (``--grace-s`` plus twice the longest checkpoint write a process reported in its
+heartbeat, so a preemption still saves where saves are slow), or at a second signal; the
+launcher then exits with 128 + signal only if every process saved its checkpoint and exited
+(``train.py`` exits 128 + signal after saving), else with ``EXIT_UNSAVED`` (125), naming the
+processes killed or failed before saving. When one exits with an error, is killed, or
+(``--hang-timeout-s``) finishes no step for that long (its Python stack is printed), the others
+get SIGTERM, then SIGKILL after the grace period; with ``--max-restarts`` left, the job starts
+again (``SNNJAX_ATTEMPT`` tells the processes, and ``train.py`` resumes from its latest
+checkpoint), with one process fewer, down to ``--nproc-min``, when a process fails again before
+the restarted job's first step. Otherwise the launcher exits with that process's code (128 +
+signal if a signal ended it; ``EXIT_HUNG``, 124, if it hung), naming its rank; 0 when all
+succeed. Each process runs in its own process group (killed as a group) and, on Linux, is
+killed if the launcher itself dies.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ from snnjax.runtime.distributed import ENV_COLLECTIVE_TIMEOUT, ENV_COORDINATOR, 
 
 EXIT_HUNG = 124  # a process made no progress for --hang-timeout-s (as timeout(1) exits)
 EXIT_UNSAVED = 125  # stopped on a signal, but some process was killed (or failed) before it saved
+# The grace period before the first save's time is known: the digits config's last steps, first save and exit
+# took 2.2-4.8 s in 7 of 8 runs on a 2-core machine at load average 20, and over 5 s in the eighth (docs/multihost.md).
+GRACE_S = 10.0
 
 _PR_SET_PDEATHSIG = 1
 _LINE_ENDS = re.compile(rb"(?<=[\r\n])")  # splits after each line end, keeping it
@@ -73,8 +78,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "(default: CUDA_VISIBLE_DEVICES, else nvidia-smi -L, else CPU)")
     p.add_argument("--collective-timeout-s", type=float, default=None, metavar="T",
                    help="a collective waiting on a dead or stuck process fails after T seconds (default: jax's)")
-    p.add_argument("--grace-s", type=float, default=5.0,
-                   help="seconds between SIGTERM and SIGKILL when stopping the processes (default 5)")
+    p.add_argument("--grace-s", type=float, default=GRACE_S,
+                   help="seconds between SIGTERM and SIGKILL when stopping the processes, plus twice the longest a "
+                        f"checkpoint took to write in this job (default {GRACE_S:g})")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="when a process fails (exits non-zero, is killed, or hangs), stop the rest and restart the "
                         "job up to N times; the script resumes from its latest complete checkpoint (default 0)")
@@ -258,7 +264,8 @@ class Launcher:
         self.procs: list[subprocess.Popen] = []
         self.signalled: int | None = None
         self._signal_at: float | None = None
-        self._kill_at: float | None = None
+        self._killed = False  # the SIGKILL after a signal's grace period was sent
+        self.save_s = 0.0  # the longest checkpoint write a process reported (heartbeat save_s), in any attempt
         self.output = _Output()
 
     def _signal_all(self, sig: int, procs=None) -> None:
@@ -268,6 +275,17 @@ class Launcher:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def grace(self) -> float:
+        """Seconds from SIGTERM to SIGKILL: ``--grace-s`` plus twice the longest checkpoint write reported."""
+        return self.grace_s + 2 * self.save_s
+
+    def _grace_said(self, after: str = "") -> str:
+        """The grace period in words: ``10 s after SIGTERM (--grace-s)``, or with the saves' share ``13.2 s after
+        SIGTERM (--grace-s 10 + twice the slowest save, 1.6 s)``."""
+        why = (f"--grace-s {self.grace_s:g} + twice the slowest save, {self.save_s:.2g} s" if self.save_s else
+               "--grace-s")
+        return f"{self.grace():.3g} s{' after ' + after if after else ''} ({why})"
+
     def _on_signal(self, signum, frame) -> None:
         if self.signalled is not None:  # a second Ctrl-C: no more waiting
             self._signal_all(signal.SIGKILL)
@@ -275,13 +293,12 @@ class Launcher:
         self.signalled = signum
         self._signal_at = time.monotonic()
         self._signal_all(signum)
-        self._kill_at = time.monotonic() + self.grace_s
 
     def _stop(self) -> None:
         """SIGTERM the running processes, SIGKILL what is left after the grace period, and reap them."""
         running = [p for p in self.procs if p.poll() is None]
         self._signal_all(signal.SIGTERM, running)
-        deadline = time.monotonic() + self.grace_s
+        deadline = time.monotonic() + self.grace()
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._signal_all(signal.SIGKILL)  # also any leftover members of finished groups
@@ -384,14 +401,14 @@ class Launcher:
             (slow if saved[rank] is not None else lost).append((rank, code))
         steps = {saved[rank] for rank, code in enumerate(codes) if code != 0 and saved[rank] is not None}
         for rank, code in slow:
-            self._say(f"launch: rank {rank} saved step {saved[rank]} on {name} but had not exited {self.grace_s:g} s "
-                      f"after it (--grace-s); it {_how(code)}")
+            self._say(f"launch: rank {rank} saved step {saved[rank]} on {name} but had not exited {self._grace_said()} "
+                      f"after it; it {_how(code)}")
         if not lost and len(steps) <= 1:
             self._say(f"launch: stopped all {n} processes on {name}; each saved its checkpoint"
                       + (f" of step {steps.pop()}" if steps else "") + f" (exit code {128 + sig}: resumable)")
             return Outcome("signal", code=128 + sig)
         for rank, code in lost:
-            why = (f"was killed by SIGKILL {self.grace_s:g} s after {name} (--grace-s) before it saved its checkpoint"
+            why = (f"was killed by SIGKILL {self._grace_said(name)} before it saved its checkpoint"
                    if code == -signal.SIGKILL else f"{_how(code)} without saving its checkpoint")
             self._say(f"launch: stopped on {name}, but rank {rank} {why} (a process that saved exits with "
                       f"{128 + sig}); exit code {EXIT_UNSAVED}: a resumed run continues from an older checkpoint, "
@@ -409,9 +426,9 @@ class Launcher:
             if self.signalled is not None:
                 if all(code is not None for code in codes):
                     return Outcome("signal", started=started, resumed_step=resumed)
-                if self._kill_at is not None and time.monotonic() > self._kill_at:
+                if not self._killed and time.monotonic() > self._signal_at + self.grace():
                     self._signal_all(signal.SIGKILL)
-                    self._kill_at = None
+                    self._killed = True
             else:
                 for rank, code in enumerate(codes):
                     if code not in (None, 0):
@@ -425,6 +442,7 @@ class Launcher:
             if time.monotonic() >= next_read:
                 next_read = time.monotonic() + 0.25
                 beats = [distributed.read_heartbeat(directory, rank) for rank in range(len(self.procs))]
+                self.save_s = max([self.save_s] + [b.get("save_s") or 0.0 for b in beats if b])
                 if any(beats) and not started:
                     started = True
                     resumed = min(b["start"] for b in beats if b)

@@ -10,8 +10,9 @@ Saves are asynchronous: orbax writes a step into ``<step>.orbax-checkpoint-tmp``
 and renames it to ``<step>`` once complete, and deletes checkpoints beyond the
 newest ``keep`` only after that. A write that fails (disk full, permissions)
 surfaces when the save is waited for (``wait``, the next ``save``, ``close``) and
-becomes a :class:`CheckpointError` naming the failed step and the complete
-checkpoints left on disk, which the failure did not touch.
+becomes a :class:`CheckpointWriteError` naming the failed step and the complete
+checkpoints left on disk, which the failure did not touch (``train.py`` then exits
+with its ``exit_code``, 75: resumable, as after a preemption).
 
 Integrity: before orbax renames a finished step into place, :data:`DIGEST` (``<step>/sha256.json``) is written
 into it with the SHA-256 of every file of its ``state`` and ``meta`` items, so the digest is committed with the
@@ -30,7 +31,9 @@ import json
 import logging
 import os
 import pathlib
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -56,6 +59,13 @@ def _quiet(enabled: bool):
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt, does not fit this run, or could not be written."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, permissions); the complete ones before it are intact, so the
+    run stops as a preempted one does: resumable once the cause is fixed."""
+
+    exit_code = 75  # train.py's exit status (EX_TEMPFAIL of sysexits.h: try again later), not a failure's 1
 
 
 def _saved_part(state) -> dict[str, Any]:
@@ -131,10 +141,14 @@ def complete_steps(directory: str | pathlib.Path) -> list[int]:
 class Checkpointer:
     """Saves to and restores from ``directory`` (``WORKDIR/checkpoints``)."""
 
-    def __init__(self, directory: str | pathlib.Path, keep: int = 3, *, read_only: bool = False):
+    def __init__(self, directory: str | pathlib.Path, keep: int = 3, *, read_only: bool = False,
+                 on_saved: Callable[[float], None] | None = None):
+        """``on_saved(seconds)``: called (from orbax's thread) once each save's files and digest are written, with
+        the seconds since ``save`` began (the launcher sizes its grace period on it)."""
         self.directory = pathlib.Path(directory).absolute()
+        self.on_saved = on_saved
         # The digest goes into the step's temporary folder once every file is written, before orbax renames it.
-        async_options = None if read_only else ocp.AsyncOptions(post_finalization_callback=self._write_digest)
+        async_options = None if read_only else ocp.AsyncOptions(post_finalization_callback=self._finalize)
         options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
                                                read_only=read_only, save_interval_steps=0 if read_only else 1,
                                                async_options=async_options)
@@ -142,14 +156,18 @@ class Checkpointer:
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
         self._pending: int | None = None  # the step of a save not yet waited for
         self._writing: int | None = None  # the step of the last save started (the digest callback's)
+        self._started = 0.0  # time.monotonic() when that save began
         self.damaged: list[int] = []  # steps newer than the one restore() returned that failed their check
 
-    def _write_digest(self) -> None:
-        if jax.process_index() != 0 or self._writing is None:
+    def _finalize(self) -> None:
+        if self._writing is None:
             return
-        found = [p for p in self.directory.glob(f"{self._writing}.orbax-checkpoint-tmp*") if p.is_dir()]
-        for step_dir in found or [self.directory / str(self._writing)]:
-            write_digest(step_dir)
+        if jax.process_index() == 0:
+            found = [p for p in self.directory.glob(f"{self._writing}.orbax-checkpoint-tmp*") if p.is_dir()]
+            for step_dir in found or [self.directory / str(self._writing)]:
+                write_digest(step_dir)
+        if self.on_saved is not None:
+            self.on_saved(time.monotonic() - self._started)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -161,11 +179,11 @@ class Checkpointer:
         """Save ``state`` at its step (asynchronously; ``wait`` blocks until it is on disk).
 
         Raises:
-          CheckpointError: the previous save or this one failed; no further save should be attempted.
+          CheckpointWriteError: the previous save or this one failed; no further save should be attempted.
         """
         self.wait()
         step = int(jax.device_get(state.step))
-        self._writing = step
+        self._writing, self._started = step, time.monotonic()
         try:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_saved_part(state)),
                                                             meta=ocp.args.JsonSave(meta)))
@@ -174,14 +192,14 @@ class Checkpointer:
         self._pending = step
 
     def wait(self) -> None:
-        """Block until the last save is on disk; ``CheckpointError`` if writing it failed."""
+        """Block until the last save is on disk; ``CheckpointWriteError`` if writing it failed."""
         step, self._pending = self._pending, None
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # the background write's own error (OSError for a full disk, ...)
             raise self._save_failed(step, e) from e
 
-    def _save_failed(self, step: int | None, error: Exception) -> CheckpointError:
+    def _save_failed(self, step: int | None, error: Exception) -> CheckpointWriteError:
         kept = complete_steps(self.directory)
         where = f"step {step}" if step is not None else "a step"
         left = (f"the complete checkpoints there, steps {kept} (latest {kept[-1]}), are intact: fix the cause "
@@ -189,7 +207,7 @@ class Checkpointer:
                 f"continue from step {kept[-1]}" if kept else
                 "no complete checkpoint is there: fix the cause (free disk space, write permission) and rerun the "
                 "same command (without --config.resume=True)")
-        return CheckpointError(f"saving the checkpoint of {where} to {self.directory} failed: "
+        return CheckpointWriteError(f"saving the checkpoint of {where} to {self.directory} failed: "
                                f"{type(error).__name__}: {error}. Training stopped; {left}.")
 
     def restore(self, state_template, step: int | None = None):

@@ -18,6 +18,7 @@ import ml_collections
 
 from snnjax.data import ENCODERS, SOURCE_NAMES
 from snnjax.data.registry import OPTION_TYPES, dataset
+from snnjax.data.source import ON_CORRUPT
 from snnjax.models import remat
 from snnjax.models.registry import REGISTRY, check_model_kwargs
 from snnjax.parallel.auto import OBJECTIVES
@@ -56,6 +57,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.options = ml_collections.ConfigDict(
         {k: ml_collections.config_dict.placeholder(t) for k, t in OPTION_TYPES.items()})
     c.data.prefetch = 2
+    # An example whose file turns out corrupt while training: "error" stops the run with the reader's error naming
+    # the file; "skip" trains on the next readable example in its place, with a warning naming the file, and counts
+    # it (metrics.jsonl's skipped_examples, summary.json's). snnjax/data/source.py: OnCorrupt.
+    c.data.on_corrupt = "error"
 
     c.global_batch_size = 64
     c.num_epochs = 10
@@ -266,6 +271,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _choice("nonfinite", c.nonfinite, NONFINITE)
     _choice("data.name", c.data.name, SOURCE_NAMES)
     _choice("data.encoder", c.data.encoder, tuple(ENCODERS))
+    _choice("data.on_corrupt", c.data.on_corrupt, ON_CORRUPT)
     _choice("model.name", c.model.name, tuple(REGISTRY))
     _choice("parallel.mode", c.parallel.mode, PARALLEL_MODES)
     _choice("parallel.objective", c.parallel.objective, OBJECTIVES)

@@ -95,6 +95,14 @@ class StopSignals:
             watch.heartbeat.saved = step
             watch.heartbeat.write(watch.start if watch.start is not None else step, watch.step, watch.time)
 
+    def save_took(self, seconds: float) -> None:
+        """A checkpoint took ``seconds`` to write: the heartbeat's ``save_s`` keeps the longest, for the launcher's
+        grace period (from any thread)."""
+        watch = self._watch
+        if watch is not None and seconds > watch.heartbeat.save_s:
+            watch.heartbeat.save_s = seconds
+            watch.dirty = True
+
     def agreed(self, done: int, final: bool = False) -> int | None:
         """The signal to stop on after step ``done`` (1-based), the same step and signal in every process.
 
@@ -228,6 +236,7 @@ class _Watch:
         self.start: int | None = None
         self.step, self.time = -1, 0.0
         self._written = (-1, 0.0)  # (step, when) of the last heartbeat written
+        self.dirty = False  # the heartbeat changed besides the step (a save's time)
         self._closed = threading.Event()
         self.thread = None
         if agreement is not None or heartbeat.path is not None:
@@ -247,7 +256,9 @@ class _Watch:
                     self.agreement.poll(step, self.signals.received)
             written_step, written_at = self._written
             now = time.monotonic()
-            if self.start is not None and (step != written_step or now - written_at > 1.0) and now - written_at > 0.2:
+            changed = step != written_step or self.dirty
+            if self.start is not None and (changed or now - written_at > 1.0) and now - written_at > 0.2:
+                self.dirty = False
                 with contextlib.suppress(OSError):  # the launcher is gone (its directory with it)
                     self.heartbeat.write(self.start, step, self.time)
                 self._written = (step, now)

@@ -27,11 +27,22 @@ Faults a long run meets:
   so later steps read the same data) and counts it in ``skipped_steps``. The
   flags are read at each logging, evaluation and checkpoint step, not every step,
   so the loop does not wait for the device in between.
-* A checkpoint that cannot be written: :class:`CheckpointError` naming the step
-  and the complete checkpoints left, which the failure did not touch.
+* Steps in flight: the loop dispatches steps ahead of the device, but waits for
+  the step ``STEPS_IN_FLIGHT`` back before it goes on. Without that bound, a
+  multi-process job with no host sync for long (large ``log_every_steps`` and
+  ``checkpoint_every_steps``) queued dozens of steps, and 2 processes x 4 CPU
+  devices over gloo deadlocked after 36-150 of them.
+* A data file that turns out corrupt (``config.data.on_corrupt``): ``"error"`` stops
+  the run with the reader's error naming the file; ``"skip"`` trains on the next
+  readable example in its place, with a warning naming the file, and counts it
+  (``snnjax.data.source.OnCorrupt``).
+* A checkpoint that cannot be written (a full disk): ``checkpoint.CheckpointWriteError``
+  naming the step and the complete checkpoints left, which the failure did not
+  touch (``train.py`` exits 75: resumable once the cause is fixed).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -52,6 +63,7 @@ from tqdm.auto import tqdm
 
 from snnjax import monitor, parallel
 from snnjax.data import Loader, get_source
+from snnjax.data.source import OnCorrupt
 from snnjax.models import create_model, remat
 from snnjax.models.registry import REGISTRY, DataShape, sizes_from_data
 from snnjax.parallel import mesh as mesh_lib
@@ -71,6 +83,7 @@ from snnjax.train.step import StepConfig, model_inputs
 
 __all__ = ["NonFiniteError", "Preempted", "Trainer", "train_and_evaluate"]
 
+STEPS_IN_FLIGHT = 2  # steps dispatched but not finished: enough to keep the device fed, too few to deadlock
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}  # config.dtype -> compute dtype
 _OFFLOADED = {"opt_state": "optimizer state", "params": "parameters (fetched per unit)",
               "all": "parameters (fetched per unit) and optimizer state"}
@@ -199,7 +212,9 @@ class Trainer:
         mesh = make_mesh(p.mode, p.mesh, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel)
         if mesh is not None:
             mesh_lib.check_batch_divides(mesh, batch, accum)
-        train_src, test_src = make_sources(c)
+        train_src, test_src = (OnCorrupt(source, c.data.on_corrupt, what=f"{c.data.name} {split}")
+                               for source, split in zip(make_sources(c), ("training", "test"), strict=True))
+        self.skip_corrupt = c.data.on_corrupt == "skip"
         time_major = train_src.time_steps is not None
         # Each process reads the rows its devices hold. Mode auto (mesh planned below) splits the batch outermost
         # over a multiple of the process count, where the default slice (process k of P) is those rows.
@@ -303,7 +318,7 @@ class Trainer:
             raise CheckpointError(f"{ckpt_dir} already holds checkpoints; pass --config.resume=True to continue that "
                                   "run, or choose another --workdir (nothing was overwritten). From Python: set "
                                   "config.resume = True, or pass another workdir to Trainer(config, workdir)")
-        self.checkpointer = Checkpointer(ckpt_dir, self.keep_checkpoints)
+        self.checkpointer = Checkpointer(ckpt_dir, self.keep_checkpoints, on_saved=self._signals.save_took)
 
     def _save(self) -> None:
         meta = {"global_batch_size": self.global_batch_size, "data": self.data_name,
@@ -435,12 +450,16 @@ class Trainer:
         train_time, trained, last = 0.0, 0, {}
         eval_metrics: dict[str, float] = {}
         unchecked: list[tuple[int, dict[str, jax.Array]]] = []  # (step, metrics) whose finite flag is unread
+        in_flight: collections.deque[jax.Array] = collections.deque()  # the losses of the steps not waited for
         batch, stop = first, None
         with progress, contextlib.closing(profiler) as profiler:
             for step in range(start, self.total_steps):
                 t = time.perf_counter()
                 profiler.before(step + 1)
                 metrics = self.trainer.advance(batch)
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > STEPS_IN_FLIGHT:
+                    in_flight.popleft().block_until_ready()
                 if profiler.after(step + 1, metrics):
                     profile = self.trainer.record_profile(profiler.trace, print_with=progress.write)
                     if profile is not None:
@@ -472,6 +491,8 @@ class Trainer:
                             "samples_per_sec": window_steps * self.global_batch_size / elapsed}
                     if self.skip_nonfinite:
                         last["skipped_steps"] = len(values) - len(kept)
+                    if self.skip_corrupt:  # found so far by this process (its reads run ahead of the steps)
+                        last["skipped_examples"] = len(self.train_loader.source.corrupt)
                     writer.write(done, last)
                     progress.set_postfix(loss=f"{mean['loss']:.4f}", acc=f"{mean['accuracy']:.3f}",
                                          sps=f"{last['samples_per_sec']:.0f}")
@@ -509,6 +530,8 @@ class Trainer:
             "train_loss": last.get("train_loss"), "train_accuracy": last.get("train_accuracy"),
             **eval_metrics, "steps": self.total_steps, "global_batch_size": self.global_batch_size,
             "skipped_steps": self.skipped_steps, "restarts": _restarts(start),
+            "skipped_examples": {"train": len(self.train_loader.source.corrupt),
+                                 "test": len(self.eval_loader.source.corrupt)},
             "samples_per_sec": trained * self.global_batch_size / train_time if train_time else None,
             "compile_seconds": compile_seconds, "mode": self.plan.mode, "mesh": dict(self.mesh.shape),
             "model": self.model_name, "num_params": self.num_params, "dataset": self.data_name, "dtype": self.dtype,
