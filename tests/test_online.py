@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import COMPILER_OPTIONS
+from helpers import COMPILER_OPTIONS, load_config
 
 import snnjax
 from snnjax import layers, parallel
@@ -25,7 +25,8 @@ from snnjax.models import OTTTSpikingVGG
 from snnjax.neurons import OTTTLIFNode, SLTTLIFNode
 from snnjax.neurons.online import SpikeTrace, ottt_traces
 from snnjax.parallel import mesh as mesh_lib
-from snnjax.train import online
+from snnjax.train import online, validate
+from snnjax.train.loop import step_config
 from snnjax.train.sharded import apply_plan
 from snnjax.train.step import StepConfig, TrainState, split_model
 
@@ -137,15 +138,35 @@ def test_training_matches_spikingjelly(reference_dir, name, layout):
 
 def test_refusals():
     """What cannot train online says what to change."""
-    plain = snnjax.Sequential(layers.linear(4, 3, rngs=nnx.Rngs(0)))
+    def abstract(build):  # the structure alone: nothing initialised
+        return nnx.eval_shape(lambda: build(nnx.Rngs(0)))
+
+    plain = abstract(lambda r: snnjax.Sequential(layers.linear(4, 3, rngs=r)))
     with pytest.raises(ValueError, match="no spiking neuron"):
         online.check_model(plain, "sltt")
-    lif = snnjax.Sequential(layers.linear(4, 3, rngs=nnx.Rngs(0)), snnjax.neurons.LIFNode(step_mode="m"))
+    lif = abstract(lambda r: snnjax.Sequential(layers.linear(4, 3, rngs=r), snnjax.neurons.LIFNode(step_mode="m")))
     with pytest.raises(ValueError, match="no OTTTLIFNode"):
         online.check_model(lif, "ottt")
     online.check_model(lif, "sltt")
-    vgg = snnjax.models.CIFAR10DVSVGG(widths=(4,), pools=(False,), image_size=4, spiking_neuron=OTTTLIFNode)
+    vgg = abstract(lambda r: snnjax.models.CIFAR10DVSVGG(widths=(4,), pools=(False,), image_size=4, rngs=r,
+                                                         spiking_neuron=OTTTLIFNode))
     with pytest.raises(ValueError, match="outside a snnjax.Sequential"):
         online.check_model(vgg, "ottt")
     with pytest.raises(ValueError, match="not a training method"):
         online.check_model(lif, "eprop")
+    c = load_config("digits", "--config.train_method=ottt", "--config.parallel.mode=pp",
+                    "--config.parallel.mesh=stage=2,data=-1")
+    with pytest.raises(ValueError, match="parallel.mode='pp' is not supported"):
+        validate(c)
+    with pytest.raises(ValueError, match="online_updates=True applies"):
+        validate(load_config("digits", "--config.online_updates=true"))
+    with pytest.raises(ValueError, match="train_method='eprop' is not allowed"):
+        validate(load_config("digits", "--config.train_method=eprop"))
+
+
+def test_config_reaches_the_step():
+    """``train_method`` / ``online_updates`` of a config (train.py's) become the step's settings."""
+    c = load_config("digits", "--config.train_method=sltt", "--config.online_updates=true")
+    validate(c)
+    cfg = step_config(c, time_major=False)
+    assert (cfg.method, cfg.online_updates) == ("sltt", True)

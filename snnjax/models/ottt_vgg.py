@@ -160,4 +160,4 @@ for _depth, _cfg in (("11", "A"), ("13", "B"), ("16", "D"), ("19", "E")):
 for _name, (_cfg, _ws, _light) in _PRESETS.items():
     register(_name, OTTTSpikingVGG, _sizes, ("in_channels", "num_classes"),
              {"cfg": CFGS[_cfg], "weight_standardization": _ws, "light_classifier": _light,
-              "spiking_neuron": "OTTTLIFNode"})
+              "spiking_neuron": "OTTTLIFNode", "v_reset": None})  # OTTTLIFNode's soft reset (configs default to 0.0)
