@@ -148,6 +148,9 @@ def test_refusals():
     with pytest.raises(ValueError, match="no OTTTLIFNode"):
         online.check_model(lif, "ottt")
     online.check_model(lif, "sltt")
+    psn = abstract(lambda r: snnjax.Sequential(layers.linear(4, 3, rngs=r), snnjax.neurons.PSN(T=2, rngs=r)))
+    with pytest.raises(ValueError, match=r"\['PSN'\], parallel spiking neurons"):
+        online.check_model(psn, "sltt")
     vgg = abstract(lambda r: snnjax.models.CIFAR10DVSVGG(widths=(4,), pools=(False,), image_size=4, rngs=r,
                                                          spiking_neuron=OTTTLIFNode))
     with pytest.raises(ValueError, match="outside a snnjax.Sequential"):

@@ -6,8 +6,10 @@ the online methods (``--methods bptt,ottt``: OTTT / SLTT, one time step at a tim
     python -m snnjax.bench.memory --model ottt_vgg --widths 8,16,A,32,32,A,64,64,A,64,64 --T 64 \\
         --methods bptt,ottt --plans none:float,units:float --steps 0
 
-``ottt_vgg`` is SpikingJelly's OTTT VGG (``OTTTSpikingVGG``, ``OTTTLIFNode``) on CIFAR10-DVS-sized frames,
-``--widths`` its ``cfg``. An online method runs the ``none:float`` plan only (checkpointing plans are for BPTT).
+``ottt_vgg`` is SpikingJelly's OTTT VGG (``OTTTSpikingVGG``) on CIFAR10-DVS-sized frames, ``--widths`` its ``cfg``,
+with ``OTTTLIFNode`` for ``ottt``, ``SLTTLIFNode`` for ``sltt`` and, for ``bptt``, ``LIFNode`` (the fused kernels)
+with OTTT's keywords (tau 2, no decay_input, soft reset, detach_reset). An online method runs the ``none:float``
+plan only (checkpointing plans are for BPTT).
 
 One JSON line per plan: peak bytes per device from the compiled step's ``memory_analysis()``
 (arguments + non-aliased outputs + temporaries; exact for the program XLA built), flops from
@@ -63,7 +65,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     name = "ottt_spiking_vggws" if args.model == "ottt_vgg" else args.model
     shape = (args.T, args.batch_size, size, size, channels)
     tx = optax.adam(1e-3)
-    abstract = nnx.eval_shape(lambda: create_model(name, kwargs, rngs=nnx.Rngs(params=0, dropout=1)))
+
+    def model_kwargs(method: str) -> dict:
+        if args.model != "ottt_vgg":
+            return kwargs
+        neuron = {"bptt": "LIF", "ottt": "OTTTLIFNode", "sltt": "SLTTLIFNode"}[method]
+        return {**kwargs, "spiking_neuron": neuron, "tau": 2.0, "decay_input": False, "v_reset": None,
+                "detach_reset": True}
+
+    abstract = nnx.eval_shape(lambda: create_model(name, model_kwargs("bptt"), rngs=nnx.Rngs(params=0, dropout=1)))
     batch_spec = {"inputs": jax.ShapeDtypeStruct(shape, jnp.float32),
                   "labels": jax.ShapeDtypeStruct((args.batch_size,), jnp.int32)}
     rng = np.random.default_rng(0)
@@ -77,13 +87,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if method == "bptt" or item in ("none", "none:float")]
     for method, item in runs:
         cfg = StepConfig(seed=0, time_steps=args.T, encoder=None, method=method)
-        compile_for = ms.step_compiler(abstract, cfg, tx, batch_spec, analysis_only=False)
+        built = nnx.eval_shape(lambda m=method: create_model(name, model_kwargs(m), rngs=nnx.Rngs(params=0, dropout=1)))
+        compile_for = ms.step_compiler(built, cfg, tx, batch_spec, analysis_only=False)
         policy, _, storage = item.partition(":")
         candidate = ms.Candidate(remat.settings(policy, storage or "float"))
         m = ms.measure(compile_for, candidate)
         step_ms = None
         if args.steps > 0:
-            model = create_model(name, kwargs, rngs=nnx.Rngs(params=0, dropout=1))
+            model = create_model(name, model_kwargs(method), rngs=nnx.Rngs(params=0, dropout=1))
             remat.configure(model, candidate.settings)
             graphdef, params, rngs, rest = split_model(model)
             state = TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,

@@ -27,6 +27,7 @@ from flax import nnx
 from snnjax.models.sequential import Sequential
 from snnjax.neurons.modules import BaseNode, MembranePotential
 from snnjax.neurons.online import OTTTLIFNode, ottt_traces
+from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
 from snnjax.parallel.logical import constrain
 from snnjax.parallel.variables import fresh
 
@@ -42,6 +43,11 @@ def check_model(model: nnx.Module, method: str) -> None:
     if method == "bptt":
         return
     name = type(model).__name__
+    parallel = sorted({type(m).__name__ for _, m in nnx.iter_modules(model) if isinstance(m, (PSN, MaskedPSN,
+                                                                                               SlidingPSN))})
+    if parallel:
+        raise ValueError(f"method={method!r} runs one time step at a time; {name} has {parallel}, parallel spiking "
+                         "neurons that need the whole sequence at once: use method='bptt'")
     if not any(isinstance(m, BaseNode) for _, m in nnx.iter_modules(model)):
         raise ValueError(f"method={method!r} trains one time step at a time, carrying the neuron states; {name} has "
                          "no spiking neuron (snnjax.neurons): use method='bptt'")
