@@ -74,6 +74,9 @@ def online_gradients(cfg, graphdef: nnx.GraphDef, tx: optax.GradientTransformati
     batch (unchanged without ``online_updates``), the model state (BatchNorm statistics; neuron states as they came
     in), the mean over steps of the loss, and the accuracy of the time-mean logits.
     """
+    if cfg.grad_accum_steps != 1 or layout.pipeline is not None:
+        raise ValueError(f"method={cfg.method!r} trains the whole batch one time step at a time: it takes no "
+                         "microbatches (StepConfig.grad_accum_steps=1, config.grad_accum_steps=1) and no pipeline")
     x = constrain(x, ("time", "batch") + (None,) * (x.ndim - 2))
     labels = constrain(labels, ("batch",))
     neurons_in, other_in = nnx.split_state(state.model_state, MembranePotential, ...)
