@@ -19,6 +19,7 @@ from helpers import COMPILER_OPTIONS, load_config
 
 import snnjax
 from snnjax import layers, parallel
+from snnjax.deploy.nir import to_nir
 from snnjax.interop.check import parse_surrogate
 from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
 from snnjax.models import OTTTSpikingVGG
@@ -165,6 +166,18 @@ def test_refusals():
         validate(load_config("digits", "--config.online_updates=true"))
     with pytest.raises(ValueError, match="train_method='eprop' is not allowed"):
         validate(load_config("digits", "--config.train_method=eprop"))
+
+
+def test_nir_exports_the_standardised_kernel():
+    """A weight-standardised layer exports the kernel it computes with (the OTTT VGG's convs)."""
+    rngs = nnx.Rngs(0)
+    net = snnjax.Sequential(layers.conv2d(2, 3, 3, padding=1, rngs=rngs, weight_standardization=True),
+                            snnjax.neurons.LIFNode(step_mode="m"), layers.Flatten("chw"),
+                            layers.linear(48, 2, rngs=rngs, weight_standardization=True))
+    graph = to_nir(net, (4, 4, 2))
+    np.testing.assert_allclose(graph.nodes["layers_0"].weight, np.transpose(net.layers[0].standardized_kernel(),
+                                                                            (3, 2, 0, 1)), rtol=1e-6)
+    np.testing.assert_allclose(graph.nodes["layers_3"].weight, net.layers[3].standardized_kernel().T, rtol=1e-6)
 
 
 def test_config_reaches_the_step():

@@ -77,10 +77,14 @@ class WSConv2d(Conv2d):
         self.gain = nnx.Param(jnp.ones((self.out_features,), self.param_dtype)) if gain else None
         self.eps = eps
 
+    def standardized_kernel(self) -> jax.Array:
+        """The kernel the convolution uses, ``[kh, kw, I, O]``."""
+        return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+
     def _convolve(self, x: jax.Array) -> jax.Array:
         lead = x.shape[:-3]
         x = x.reshape(-1, *x.shape[-3:])
-        w = standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+        w = self.standardized_kernel()
         dtype = self.dtype or jnp.result_type(x, w)
         strides = (self.strides,) * 2 if isinstance(self.strides, int) else tuple(self.strides)
         y = self.conv_general_dilated(x.astype(dtype), w.astype(dtype), strides, self.padding,
@@ -99,8 +103,12 @@ class WSLinear(nnx.Linear):
         self.gain = nnx.Param(jnp.ones((self.out_features,), self.param_dtype)) if gain else None
         self.eps = eps
 
+    def standardized_kernel(self) -> jax.Array:
+        """The kernel the layer uses, ``[in, out]``."""
+        return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        w = standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+        w = self.standardized_kernel()
         dtype = self.dtype or jnp.result_type(x, w)
         y = x.astype(dtype) @ w.astype(dtype)
         return y if self.bias is None else y + self.bias[...].astype(dtype)
