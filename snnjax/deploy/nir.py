@@ -133,13 +133,13 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
             if pl != ph or pl2 != ph2:
                 raise NIRError(f"{call_name}: asymmetric padding {module.padding} has no NIR form")
             stride = module.strides if isinstance(module.strides, tuple) else (module.strides, module.strides)
-            kernel = np.asarray(module.kernel[...])
+            kernel = _kernel(module)
             bias = (np.asarray(module.bias[...]) if module.bias is not None
                     else np.zeros(kernel.shape[-1], kernel.dtype))
             nodes.append((name, nir.Conv2d(input_shape=x_shape[:2], weight=kernel.transpose(3, 2, 0, 1),
                                            stride=stride, padding=(pl, pl2), dilation=(1, 1), groups=1, bias=bias)))
         elif isinstance(module, nnx.Linear):
-            kernel = np.asarray(module.kernel[...])  # [in, out]
+            kernel = _kernel(module)  # [in, out]
             if flat_from is not None:  # inputs in snnjax's HWC order -> NIR's CHW order
                 h, w, c = flat_from
                 kernel = kernel.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(h * w * c, -1)
@@ -170,6 +170,13 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
     nodes.append(("output", nir.Output(output_type=np.array(_nir_shape(shape)))))
     edges = [(a, b) for (a, _), (b, _) in zip(nodes[:-1], nodes[1:], strict=True)]
     return nir.NIRGraph(nodes=dict(nodes), edges=edges)
+
+
+def _kernel(module: nnx.Module) -> np.ndarray:
+    """The kernel a conv / linear layer computes with (a weight-standardised layer's standardised one)."""
+    if isinstance(module, (layers.WSConv2d, layers.WSLinear)):
+        return np.asarray(module.standardized_kernel())
+    return np.asarray(module.kernel[...])
 
 
 def _neuron_node(name: str, node: BaseNode, shape: tuple[int, ...], dt: float):

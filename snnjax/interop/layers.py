@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d
+from snnjax.layers import AdaptiveAvgPool2d, AvgPool2d, BatchNorm, Flatten, MaxPool2d, Scale, WSConv2d, WSLinear
 from snnjax.models.sequential import Sequential
 from snnjax.neurons.modules import BaseNode
 from snnjax.neurons.psn import PSN, MaskedPSN, PSNLambda, SlidingPSN
@@ -101,12 +101,22 @@ MASKED_PSN = LayerRule({"weight": ("weight", identity), "bias": ("bias", identit
                        ignore=("mask0", "mask1"))  # the masks follow from k and T
 NOTHING = LayerRule()
 
+
+def flat_gain(arr: np.ndarray) -> np.ndarray:
+    """A weight-standardised layer's gain ``[O, 1, 1, 1]`` (conv) or ``[out, 1]`` (linear) -> ``[O]``."""
+    return arr.reshape(arr.shape[0])
+
+
+WS_CONV = LayerRule({**CONV.tensors, "gain": ("gain", flat_gain)})
+WS_LINEAR = LayerRule({**LINEAR.tensors, "gain": ("gain", flat_gain)})
+
 # The variable types a state_dict fills: parameters, BatchNorm statistics, MaskedPSN's lambda_ (a buffer there).
 IMPORTED = (nnx.Param, nnx.BatchStat, PSNLambda)
 # Module type -> rule. Looked up along the module's class hierarchy (snnjax's Conv2d is an nnx.Conv).
 RULES: dict[type, LayerRule] = {
-    nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM, MaxPool2d: NOTHING, AvgPool2d: NOTHING,
-    Flatten: NOTHING, nnx.Dropout: NOTHING, PSN: PSN_RULE, SlidingPSN: PSN_RULE, MaskedPSN: MASKED_PSN,
+    WSConv2d: WS_CONV, WSLinear: WS_LINEAR, nnx.Conv: CONV, nnx.Linear: LINEAR, BatchNorm: BATCHNORM,
+    MaxPool2d: NOTHING, AvgPool2d: NOTHING, AdaptiveAvgPool2d: NOTHING, Scale: NOTHING, Flatten: NOTHING,
+    nnx.Dropout: NOTHING, PSN: PSN_RULE, SlidingPSN: PSN_RULE, MaskedPSN: MASKED_PSN,
 }
 
 

@@ -16,6 +16,8 @@ kind             torch parameter -> snnjax                           layout
 ``bn``           ``weight`` -> ``scale``, ``bias``, ``running_mean``  as is; ``num_batches_tracked``
                  -> ``mean``, ``running_var`` -> ``var``              carries nothing
 ``neuron``       ``w`` (PLIF's) -> ``w``                              as is
+``ws_conv``,     as ``conv`` / ``linear``, and ``gain`` -> ``gain``  ``[O, 1, 1, 1]`` / ``[O, 1] -> [O]``
+``ws_linear``
 ===============  ==================================================  =============================
 
 A flat channel axis lands on a head-split variable as it is (torch's channel order is head-major):
@@ -38,9 +40,11 @@ from flax import nnx
 
 from snnjax.interop import layers
 from snnjax.interop.layers import LayerRule, Locate, Path
+from snnjax.layers import WSConv2d, WSLinear
 from snnjax.models import (
     CIFAR10DVSVGG,
     MSResNet,
+    OTTTSpikingVGG,
     ParametricLIFNet,
     QKFormer,
     ResNet,
@@ -48,6 +52,7 @@ from snnjax.models import (
     Spikformer,
     SpikingVGG,
 )
+from snnjax.neurons.modules import BaseNode
 
 # Kind -> its LayerRule, a function of the model (flat_linear's permutes by ``model.feature_shape``, (H, W, C)).
 KINDS: dict[str, Callable[[nnx.Module], LayerRule]] = {
@@ -56,6 +61,8 @@ KINDS: dict[str, Callable[[nnx.Module], LayerRule]] = {
     "flat_linear": lambda m: LayerRule({"weight": ("kernel", layers.flat_linear_weight(m.feature_shape)),
                                         "bias": ("bias", layers.identity)}),
     "bn": lambda m: layers.BATCHNORM,
+    "ws_conv": lambda m: layers.WS_CONV,
+    "ws_linear": lambda m: layers.WS_LINEAR,
     "neuron": lambda m: layers.NOTHING,  # every tensor is the neuron's attribute of that name (``locate``)
 }
 
@@ -126,6 +133,19 @@ def spiking_vgg(cfg: Sequence[int | str], batch_norm: bool) -> list[Rule]:
     return table + [Rule(r"classifier\.0", "fc1", "flat_linear"), Rule(r"classifier\.1", "sn1", "neuron"),
                     Rule(r"classifier\.3", "fc2", "linear"), Rule(r"classifier\.4", "sn2", "neuron"),
                     Rule(r"classifier\.6", "fc3", "linear")]
+
+
+def ottt_vgg(model: OTTTSpikingVGG) -> list[Rule]:
+    """OTTTSpikingVGG: torch's ``features.{i}`` / ``classifier.{j}`` are layer ``i`` / ``num_features + j``
+    (``model.sj_key``); each layer's kind by its type (the flatten is torch's order: linear layers as they are)."""
+    table = []
+    for i, layer in enumerate(model.layers):
+        kind = ("ws_conv" if isinstance(layer, WSConv2d) else "conv" if isinstance(layer, nnx.Conv) else
+                "ws_linear" if isinstance(layer, WSLinear) else "linear" if isinstance(layer, nnx.Linear) else
+                "neuron" if isinstance(layer, BaseNode) else None)
+        if kind is not None:
+            table.append(Rule(re.escape(model.sj_key(i)), f"layers.{i}", kind))
+    return table
 
 
 SPIKFORMER = [
@@ -235,4 +255,5 @@ TABLES: dict[type, Callable[[nnx.Module], Sequence[Rule]]] = {
     SpikeDrivenTransformer: lambda m: SDT,
     QKFormer: lambda m: QKFORMER,
     SpikingVGG: lambda m: spiking_vgg(m.cfg, m.batch_norm),
+    OTTTSpikingVGG: ottt_vgg,
 }

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax.layers import conv_cpu
-from snnjax.parallel.logical import annotate_layer, shards
+from snnjax.parallel.logical import annotate, annotate_layer, shards
 
 Axes = Sequence[str | None] | None
 _INPUT_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_layer_input_observer", default=None)
@@ -77,47 +77,131 @@ class Conv2d(nnx.Conv):
         _report_input(self, inputs)
         pt, pn = shards("time"), shards("batch")
         if inputs.ndim != 5 or pt * pn == 1:
-            return super().__call__(inputs)
+            return self._convolve(inputs)
         t, n, *rest = inputs.shape
         pt, pn = (pt, pn) if t % pt == 0 and n % pn == 0 else (1, 1)
         # [T, N] -> [pt, T/pt, pn, N/pn] -> [pn, pt, N/pn, T/pt] -> [N*T]: each device's block contiguous
         x = inputs.reshape(pt, t // pt, pn, n // pn, *rest).transpose(2, 0, 3, 1, 4, 5, 6)
-        y = super().__call__(x.reshape(n * t, *rest))
+        y = self._convolve(x.reshape(n * t, *rest))
         y = y.reshape(pn, pt, n // pn, t // pt, *y.shape[1:]).transpose(1, 3, 0, 2, 4, 5, 6)
         return y.reshape(t, n, *y.shape[4:])
+
+    def _convolve(self, x: jax.Array) -> jax.Array:
+        return nnx.Conv.__call__(self, x)
+
+
+def standardize(w: jax.Array, gain: jax.Array | None, eps: float, out_axis: int = -1) -> jax.Array:
+    """Weight standardisation (SpikingJelly's ``WSConv2d`` / ``WSLinear``): per output unit, ``(w - mean) /
+    sqrt(var * fan_in + eps)`` over the other axes (``var`` unbiased, as torch's), times ``gain`` ``[out]``."""
+    axes = tuple(a for a in range(w.ndim) if a != out_axis % w.ndim)
+    fan_in = 1
+    for a in axes:
+        fan_in *= w.shape[a]
+    mean = jnp.mean(w, axis=axes, keepdims=True)
+    var = jnp.var(w, axis=axes, keepdims=True, ddof=1)
+    w = (w - mean) / (var * fan_in + eps) ** 0.5
+    return w if gain is None else w * gain
+
+
+class WSConv2d(Conv2d):
+    """``Conv2d`` whose kernel is weight-standardised per output channel before use, times a learned ``gain``
+    ``[O]`` (ones at first; ``gain=False``: none), ``eps`` 1e-4 (SpikingJelly's ``layer.WSConv2d``)."""
+
+    def __init__(self, *args, gain: bool = True, eps: float = 1e-4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gain = nnx.Param(jnp.ones((self.out_features,), self.param_dtype)) if gain else None
+        self.eps = eps
+
+    def standardized_kernel(self) -> jax.Array:
+        """The kernel the convolution uses, ``[kh, kw, I, O]``."""
+        return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+
+    def _convolve(self, x: jax.Array) -> jax.Array:
+        lead = x.shape[:-3]
+        x = x.reshape(-1, *x.shape[-3:])
+        w = self.standardized_kernel()
+        dtype = self.dtype or jnp.result_type(x, w)
+        strides = (self.strides,) * 2 if isinstance(self.strides, int) else tuple(self.strides)
+        y = self.conv_general_dilated(x.astype(dtype), w.astype(dtype), strides, self.padding,
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(dtype)
+        return y.reshape(*lead, *y.shape[1:])
+
+
+class WSLinear(Linear):
+    """``Linear`` (kernel ``[in, out]``) weight-standardised per output unit, times a learned ``gain`` ``[out]``
+    (SpikingJelly's ``layer.WSLinear``)."""
+
+    def __init__(self, *args, gain: bool = True, eps: float = 1e-4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gain = nnx.Param(jnp.ones((self.out_features,), self.param_dtype)) if gain else None
+        self.eps = eps
+
+    def standardized_kernel(self) -> jax.Array:
+        """The kernel the layer uses, ``[in, out]``."""
+        return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _report_input(self, x)
+        w = self.standardized_kernel()
+        dtype = self.dtype or jnp.result_type(x, w)
+        y = x.astype(dtype) @ w.astype(dtype)
+        return y if self.bias is None else y + self.bias[...].astype(dtype)
+
+
+class Scale(nnx.Module):
+    """``x * scale`` (SpikingJelly's OTTT VGG rescales spikes by 2.74 after weight-standardised layers)."""
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.scale
 
 
 def conv2d(in_channels: int, out_channels: int, kernel_size: int, *, stride: int = 1, padding: int = 0,
            use_bias: bool = True, kernel_init=None, rngs: nnx.Rngs, dtype=None, param_dtype=None,
-           axes: Axes = None) -> Conv2d:
+           axes: Axes = None, weight_standardization: bool = False) -> Conv2d:
     """A torch-style ``Conv2d`` (integer symmetric padding) on ``[..., H, W, C]``; kernel ``[kh, kw, I, O]``.
 
-    ``axes``: logical names ``(in, out)`` of the channel dims (the window dims are ``window``).
+    ``axes``: logical names ``(in, out)`` of the channel dims (the window dims are ``window``; a
+    ``WSConv2d``'s gain takes ``out``). ``weight_standardization``: a ``WSConv2d``.
     """
     kwargs = {}
     if kernel_init is not None:
         kwargs["kernel_init"] = kernel_init
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
-    conv = Conv2d(in_channels, out_channels, (kernel_size, kernel_size), strides=stride,
-                    padding=((padding, padding), (padding, padding)), use_bias=use_bias,
-                    dtype=dtype, rngs=rngs, **kwargs)
-    return annotate_layer(conv, ("window", "window", *axes)) if axes is not None else conv
+    conv = (WSConv2d if weight_standardization else Conv2d)(
+        in_channels, out_channels, (kernel_size, kernel_size), strides=stride,
+        padding=((padding, padding), (padding, padding)), use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+    return _annotate(conv, ("window", "window", *axes)) if axes is not None else conv
+
+
+def _annotate(layer: nnx.Module, kernel: Sequence[str | None]) -> nnx.Module:
+    annotate_layer(layer, kernel)
+    if getattr(layer, "gain", None) is not None:
+        annotate(layer.gain, kernel[-1])
+    return layer
 
 
 def linear(in_features: int, out_features: int, *, use_bias: bool = True, kernel_init=None,
-           rngs: nnx.Rngs, dtype=None, param_dtype=None, axes: Axes = None) -> Linear:
+           rngs: nnx.Rngs, dtype=None, param_dtype=None, axes: Axes = None,
+           weight_standardization: bool = False) -> Linear:
     """``[..., in] -> [..., out]``; kernel ``[in, out]`` (a torch ``Conv1d(k=1)`` on tokens is this too).
 
-    ``axes``: logical names ``(in, out)`` of the kernel (the bias takes ``out``).
+    ``axes``: logical names ``(in, out)`` of the kernel (the bias and a ``WSLinear``'s gain take ``out``).
+    ``weight_standardization``: a ``WSLinear``.
     """
     kwargs = {}
     if kernel_init is not None:
         kwargs["kernel_init"] = kernel_init
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
-    layer = Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
-    return annotate_layer(layer, axes) if axes is not None else layer
+    layer = (WSLinear if weight_standardization else Linear)(in_features, out_features, use_bias=use_bias,
+                                                             dtype=dtype, rngs=rngs, **kwargs)
+    return _annotate(layer, axes) if axes is not None else layer
 
 
 def linear_general(in_features: int | tuple[int, ...], out_features: int | tuple[int, ...], *,

@@ -159,6 +159,16 @@ class AvgPool2d(nnx.Module):
         return avg_pool2d(x, self.kernel_size, self.stride)
 
 
+class AdaptiveAvgPool2d(nnx.Module):
+    """Module form of ``adaptive_avg_pool2d`` (torch's ``AdaptiveAvgPool2d``)."""
+
+    def __init__(self, output_size: int | tuple[int, int]):
+        self.output_size = output_size
+
+    def __call__(self, x):
+        return adaptive_avg_pool2d(x, self.output_size)
+
+
 class MaxPool2d(nnx.Module):
     """Module form of ``max_pool2d``."""
 

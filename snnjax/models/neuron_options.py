@@ -26,11 +26,12 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from snnjax.neurons import IFNode, LIFNode, ParametricLIFNode, catalogue
+from snnjax.neurons import IFNode, LIFNode, OTTTLIFNode, ParametricLIFNode, SLTTLIFNode, catalogue
 from snnjax.neurons.modules import BaseNode
 
 NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode,
-                                      **{name: getattr(catalogue, name) for name in catalogue.__all__}}
+                                      **{name: getattr(catalogue, name) for name in catalogue.__all__},
+                                      "OTTTLIFNode": OTTTLIFNode, "SLTTLIFNode": SLTTLIFNode}
 # The neuron keywords a config may set (the constructors' ``**kwargs``), with their types for an unset (None) value.
 KEYWORD_TYPES: dict[str, type] = {"tau": float, "init_tau": float, "decay_input": bool, "v_threshold": float,
                                   "v_reset": float, "surrogate_function": str, "detach_reset": bool}

@@ -29,6 +29,9 @@ imports into this form (``snnjax.deploy.nir``). Each spec has a ``kind`` (``KIND
   ``surrogate_function``, a catalogue neuron's own; the names are ``snnjax.models.neuron_options.NEURONS``)
 
 Streaming, export, op counts and NIR run a Sequential's own layers (``snnjax.deploy``).
+
+Online training through time (``snnjax.neurons.online``): where an ``OTTTLIFNode`` hands on ``(spike, trace)``
+pairs, the layers after it take them as SpikingJelly's ``OTTTSequential`` does (``call_layer``).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from snnjax.models.neuron_options import NEURONS
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
+from snnjax.neurons.online import call_layer
 
 KINDS = ("flatten", "linear", "conv", "batchnorm", "avgpool", "maxpool", "dropout", "neuron")
 _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their input is
@@ -119,7 +123,7 @@ class _Run:
 
     def __call__(self, model: Sequential, x: jax.Array) -> jax.Array:
         for i in self.idx:
-            x = model.layers[i](x)
+            x = call_layer(model.layers[i], x)
         return x
 
 

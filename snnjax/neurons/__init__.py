@@ -4,8 +4,9 @@ Modules (dependencies point down): ``surrogate`` -> ``base`` (config and equatio
 (the multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels for IF / LIF / PLIF, ``scan``
 for any neuron's single step, ``sharded`` and ``temporal`` layouts, and ``dispatch``, the table of
 implementations) -> ``modules`` (NNX: ``BaseNode``, every neuron's single step as charge / fire / reset hooks, and
-IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through those hooks); ``psn`` (the parallel spiking
-neurons: a matmul over time, no recurrence, not a ``BaseNode``) takes ``surrogate`` and ``modules.Stateful``;
+IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through those hooks) and ``online`` (OTTT / SLTT:
+LIF cut from the graph between steps); ``psn`` (the parallel spiking neurons: a matmul over time, no recurrence, not
+a ``BaseNode``) takes ``surrogate`` and ``modules.Stateful``;
 ``compare`` (relative errors and VJPs of any implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate
@@ -29,6 +30,7 @@ from snnjax.neurons.catalogue import (
 )
 from snnjax.neurons.kernels.dispatch import IMPLS, choose_impl, multistep, resolve_impl
 from snnjax.neurons.modules import BaseNode, IFNode, LIFNode, MembranePotential, ParametricLIFNode, reset_net, set_impl
+from snnjax.neurons.online import OTTTLIFNode, SLTTLIFNode
 from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
 from snnjax.neurons.surrogate import (
     S2NN,
@@ -55,11 +57,12 @@ from snnjax.neurons.surrogate import (
 
 __all__ = [
     "S2NN", "ATan", "BaseNode", "CUBALIFNode", "ComplementaryLIFNode", "DeterministicPass", "EIFNode", "Erf",
-    "FakeNumericalGradient", "GatedLIFNode", "HalfThresholdIFNode", "IFNode", "ILIFNode", "IMPLS", "IzhikevichNode",
-    "KLIFNode", "LIAFNode", "LIFNode", "LeakyKReLU", "LogTailedReLU", "MaskedPSN", "MembranePotential",
-    "MultiLevelSpikeCount", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode", "NonzeroSignLogAbs", "PSN",
-    "ParametricLIFNode", "PiecewiseExp", "PiecewiseLeakyReLU", "PiecewiseQuadratic", "PoissonPass", "QIFNode",
-    "QPseudoSpike", "RAFNode", "Rect", "Sigmoid", "SlidingPSN", "SoftSign", "SquarewaveFourierSeries", "StepNeuron",
-    "SuperSpike", "TernaryIFNode", "TernaryLIFNode", "choose_impl", "multistep", "multistep_reference", "reset_net",
-    "resolve_impl", "set_impl", "spike", "step", "surrogate",
+    "FakeNumericalGradient", "GatedLIFNode", "HalfThresholdIFNode", "IFNode", "ILIFNode", "IMPLS",
+    "IzhikevichNode", "KLIFNode", "LIAFNode", "LIFNode", "LeakyKReLU", "LogTailedReLU", "MaskedPSN",
+    "MembranePotential", "MultiLevelSpikeCount", "NeuronConfig", "NonSpikingIFNode", "NonSpikingLIFNode",
+    "NonzeroSignLogAbs", "OTTTLIFNode", "PSN", "ParametricLIFNode", "PiecewiseExp", "PiecewiseLeakyReLU",
+    "PiecewiseQuadratic", "PoissonPass", "QIFNode", "QPseudoSpike", "RAFNode", "Rect", "SLTTLIFNode", "Sigmoid",
+    "SlidingPSN", "SoftSign", "SquarewaveFourierSeries", "StepNeuron", "SuperSpike", "TernaryIFNode",
+    "TernaryLIFNode", "choose_impl", "multistep", "multistep_reference", "reset_net", "resolve_impl", "set_impl",
+    "spike", "step", "surrogate"
 ]

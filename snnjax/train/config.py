@@ -30,6 +30,7 @@ from snnjax.train.profiling import parse_steps
 
 DTYPES = ("float32", "bfloat16", "float64")
 LOSSES = ("ce", "tet", "mse")
+TRAIN_METHODS = ("bptt", "ottt", "sltt")  # snnjax/train/online.py
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 OFFLOADS = ("none", "opt_state", "params", "all", "auto")
@@ -68,6 +69,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.grad_accum_steps = 1
     c.loss = "ce"  # cross-entropy of the time-mean logits, TET, or mse (firing rates against one-hot labels)
     c.tet_lambda = 0.0  # TET's MSE weight (towards phi = 1)
+    # How gradients cross time (snnjax/train/online.py): bptt (backpropagation through time); ottt or sltt, one time
+    # step at a time with memory constant in T (the loss is config.loss of each step's logits, gradients summed over
+    # steps; ottt takes weight gradients from OTTTLIFNode traces). online_updates: the optimizer applies every time
+    # step's gradient (T updates per batch), SpikingJelly's online=True.
+    c.train_method = "bptt"
+    c.online_updates = False
 
     c.optimizer = "adam"
     c.learning_rate = 1e-3
@@ -266,6 +273,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"unknown config key(s) {unknown}; allowed: {sorted(base_config().keys())}")
     _choice("dtype", c.dtype, DTYPES)
     _choice("loss", c.loss, LOSSES)
+    _choice("train_method", c.train_method, TRAIN_METHODS)
+    _choice("online_updates", c.online_updates, (True, False))
+    _check_online(c)
     _choice("optimizer", c.optimizer, OPTIMIZERS)
     _choice("schedule", c.schedule, SCHEDULES)
     _choice("nonfinite", c.nonfinite, NONFINITE)
@@ -340,6 +350,27 @@ def _check_temporal_delete(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.data.options.temporal_delete={keep} keeps more frames than the "
                          f"config.data.time_steps={c.data.time_steps} built per example; set temporal_delete to at "
                          f"most {c.data.time_steps} (Python: temporal_delete= / time_steps= of get_source)")
+
+
+def _check_online(c: ml_collections.ConfigDict) -> None:
+    """``train_method`` ottt / sltt: one time step at a time, so no split of time, no pipeline, no accumulation."""
+    if c.train_method == "bptt":
+        if c.online_updates:
+            raise ValueError("config.online_updates=True applies each time step's gradient, which only the online "
+                             "methods compute; set config.train_method='ottt' or 'sltt', or online_updates=False")
+        return
+    what = f"config.train_method={c.train_method!r} runs the time steps one after another in one step"
+    if c.parallel.mode in ("pp", "auto"):
+        raise ValueError(f"{what}; config.parallel.mode={c.parallel.mode!r} is not supported with it: choose dp, "
+                         "fsdp, tp, ... (or train_method='bptt')")
+    if parse_mesh_spec(c.parallel.mesh).get("time", 1) not in (1, -1):
+        raise ValueError(f"{what}, so it cannot split time over devices: drop time from config.parallel.mesh="
+                         f"{c.parallel.mesh!r}")
+    if c.grad_accum_steps != 1:
+        raise ValueError(f"{what} over the whole batch; set config.grad_accum_steps=1")
+    if c.parallel.memory_budget_mb > 0:
+        raise ValueError(f"{what}: its memory does not grow with T and the memory search (parallel.memory_budget_mb)"
+                         " plans backpropagation through time; set parallel.memory_budget_mb=0")
 
 
 def _check_time_axis(c: ml_collections.ConfigDict) -> None:

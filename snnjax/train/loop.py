@@ -72,7 +72,7 @@ from snnjax.parallel import rules as rules_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.runtime import distributed
 from snnjax.train import config as config_lib
-from snnjax.train import faults, memory_search, pipeline_memory, profiling
+from snnjax.train import faults, memory_search, online, pipeline_memory, profiling
 from snnjax.train import offload as offload_lib
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps, set_aside
 from snnjax.train.faults import NonFiniteError, Preempted
@@ -121,7 +121,8 @@ def step_config(c: ml_collections.ConfigDict, time_major: bool) -> StepConfig:
     the data is ``time_major`` event frames, the compute dtype), the loss, accumulation and non-finite steps."""
     return StepConfig(seed=c.seed, time_steps=c.data.time_steps, encoder=None if time_major else c.data.encoder,
                       loss=c.loss, tet_lambda=c.tet_lambda, grad_accum_steps=c.grad_accum_steps,
-                      compute_dtype=DTYPES[c.dtype], skip_nonfinite=c.nonfinite == "skip")
+                      compute_dtype=DTYPES[c.dtype], skip_nonfinite=c.nonfinite == "skip",
+                      method=c.train_method, online_updates=c.online_updates)
 
 
 def make_mesh(mode: str, spec: str, *, zero_stage: int | None = None, sequence_parallel: bool = False):
@@ -240,6 +241,7 @@ class Trainer:
         tx = make_optimizer(c.optimizer, self.schedule, weight_decay=c.weight_decay, momentum=c.momentum,
                             grad_clip_norm=c.grad_clip_norm)
         step_cfg = step_config(c, time_major)
+        online.check_model(model, step_cfg.method)
         data = DataShape.of(train_src, c.data.time_steps)
         shaped = {"input_shape": (data.time_steps, batch, *data.frame_shape), "compute_dtype": step_cfg.compute_dtype}
         # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split on the batch's

@@ -41,7 +41,7 @@ from snnjax import parallel
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.parallel.pipeline_plan import PipelineOptions
 from snnjax.parallel.variables import path_str
-from snnjax.train import profiling
+from snnjax.train import online, profiling
 from snnjax.train.checkpoint import Checkpointer, CheckpointError, complete_steps
 from snnjax.train.sharded import apply_plan, eval_fn
 from snnjax.train.step import StepConfig, TrainState, split_model
@@ -302,7 +302,7 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
             pipeline: PipelineOptions | None = None, example: Batch | None = None, loss: str = "ce",
             encoder: str | None = None, time_steps: int | None = None, dtype=jnp.float32, seed: int = 0,
             zero_stage: int | None = None, sequence_parallel: bool = False, donate: bool = True,
-            verbose: bool = True) -> ModelTrainer:
+            verbose: bool = True, method: str = "bptt", online_updates: bool = False) -> ModelTrainer:
     """A ``ModelTrainer`` for ``model`` laid out on ``layout`` (see the module docstring).
 
     ``layout``: a mesh spec over the axes data / fsdp / tensor / stage / time (``"fsdp=4,tensor=2"``; one
@@ -318,6 +318,8 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
     ``donate``: each step reuses its input buffers (the trainer's own copy: ``model`` is left as it was, untrained;
     ``trainer.model()`` gives the trained one).
     ``verbose``: one line when a compile takes more than a few seconds.
+    ``method``: ``"bptt"``, or ``"ottt"`` / ``"sltt"``, online through time with memory constant in ``T``
+    (``snnjax.train.online``; ``online_updates``: the optimizer steps at every time step).
     """
     if not isinstance(model, nnx.Module):
         raise TypeError(f"trainer(model, ...): model must be an nnx.Module, got {type(model).__name__}")
@@ -351,7 +353,12 @@ def trainer(model: nnx.Module, layout: str | Mesh = "data=-1", optimizer: optax.
     plan = training_plan(model, mesh, mode, pipeline=pipeline, zero_stage=zero_stage,
                          sequence_parallel=sequence_parallel,
                          time_steps=None if encoder is not None else _time_steps(example), **kwargs)
-    cfg = StepConfig(seed=seed, time_steps=time_steps or 0, encoder=encoder, loss=loss, compute_dtype=dtype)
+    online.check_model(model, method)
+    if pp and method != "bptt":
+        raise ValueError(f"trainer(..., method={method!r}) runs the time steps one after another; a pipeline (stage > "
+                         "1) is not supported with it: choose a layout without stage, or method='bptt'")
+    cfg = StepConfig(seed=seed, time_steps=time_steps or 0, encoder=encoder, loss=loss, compute_dtype=dtype,
+                     method=method, online_updates=bool(online_updates) and method != "bptt")
     return ModelTrainer(model, plan, optimizer, cfg, donate=donate, verbose=verbose)
 
 

@@ -24,6 +24,10 @@ steps stay those of their step number.
 With a pipeline in the layout (``parallel.mode=pp``), the gradients of the pipeline's microbatches
 come from ``snnjax.parallel.pipeline`` and the update is the same.
 
+With ``method="ottt"`` or ``"sltt"`` the gradients come from ``snnjax.train.online`` (one time step at a time, a
+``lax.scan`` over ``T`` whose memory does not grow with ``T``; with ``online_updates`` the optimizer has already
+applied each step's gradient there) and the rest of the step is the same.
+
 With ``grad_accum_steps == 1`` the step has no loop: XLA:CPU runs a convolution's
 gradient many times slower inside a loop body than outside (jax-ml/jax issue
 12868), and a one-iteration scan would be that loop.
@@ -43,6 +47,7 @@ from snnjax.parallel.layout import StepLayout
 from snnjax.parallel.logical import constrain
 from snnjax.parallel.pipeline import pipeline_gradients
 from snnjax.parallel.variables import fresh
+from snnjax.train import online
 
 
 @struct.dataclass
@@ -69,6 +74,8 @@ class StepConfig:
     compute_dtype: Any = jnp.float32
     return_grads: bool = False  # also return the (averaged) gradients as metrics["grads"] (tests, debugging)
     skip_nonfinite: bool = False  # a step with a non-finite loss or gradient norm keeps the state it was given
+    method: str = "bptt"  # bptt, or online through time one step at a time: ottt, sltt (snnjax.train.online)
+    online_updates: bool = False  # ottt / sltt: the optimizer applies every time step's gradient (T updates a batch)
 
 
 def split_model(model: nnx.Module):
@@ -143,7 +150,12 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     k = cfg.grad_accum_steps
-    if layout.pipeline is not None:
+    online_params = None
+    if cfg.method != "bptt":
+        grads, online_params, online_opt, model_state, loss_sum, acc_sum = online.online_gradients(
+            cfg, graphdef, tx, state, x, batch["labels"], drop_key, layout, acc_dtype,
+            lambda logits, y: loss_and_accuracy(cfg, logits, y, acc_dtype))
+    elif layout.pipeline is not None:
         k = layout.pipeline.microbatches
         grads, model_state, loss_sum, acc_sum = _pipeline_gradients(cfg, graphdef, state, x, batch["labels"], k,
                                                                     drop_key, layout, acc_dtype)
@@ -168,8 +180,11 @@ def _train_step(cfg, graphdef, tx, state, batch, layout):
         (grads, model_state, loss_sum, acc_sum), _ = jax.lax.scan(accumulate, init, (jnp.arange(k), xs, ys))
         grads = layout.constrain_grads(jax.tree.map(lambda g: g / k, grads))
     old_params = layout.update_params(state.params)  # on the device (streamed parameters come from host memory)
-    updates, opt_state = tx.update(grads, state.opt_state, old_params)
-    params = optax.apply_updates(old_params, updates)
+    if cfg.online_updates and online_params is not None:  # applied at every time step already
+        params, opt_state = layout.update_params(online_params), online_opt
+    else:
+        updates, opt_state = tx.update(grads, state.opt_state, old_params)
+        params = optax.apply_updates(old_params, updates)
     loss, grad_norm = loss_sum / k, optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if cfg.skip_nonfinite:
