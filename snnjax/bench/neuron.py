@@ -12,7 +12,9 @@ SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmo
 its decay parameter ``w``; ``--neuron NAME``, a recurrent catalogue neuron (``workload.CATALOGUE_NEURONS``): that
 class with its (SpikingJelly's) defaults (``workload.CATALOGUE_KEYWORDS`` adds the keywords a class needs), run by
 ``scan``, its only impl (``--impls scan``, the default), the call also returning the gradients of its learnable
-parameters (KLIF's ``k``, GatedLIF's gates), as SpikingJelly's backward computes them.
+parameters (KLIF's ``k``, GatedLIF's gates), as SpikingJelly's backward computes them. (SpikingJelly 2.0.0's
+``LIAFNode`` runs with ``store_v_seq``: without it its multi-step call takes ``LIFNode``'s fused path and outputs
+spikes, not ``act(H)``; its ``GatedLIFNode`` draws other initial gates, so its outputs differ from ours.)
 Inputs are ``0.5 + N(0, 1)`` (about a tenth of the neuron-steps fire), drawn with numpy
 from a seed per T, so SpikingJelly gets bit-identical inputs and its spike count and
 gradient norm are compared with ours.

@@ -77,6 +77,8 @@ def main(argv=None) -> None:
         m = getattr(neuron, args.neuron)(**kwargs)
         if not args.neuron.startswith("NonSpiking") and args.neuron != "GatedLIFNode":  # those two: multi-step only
             m.step_mode = "m"
+        if args.neuron == "LIAFNode":  # else its multi-step call takes LIFNode's fused path: spikes, not act(H)
+            m.store_v_seq = True
         return m.to(dev, dtype)
 
     node = build(1)
