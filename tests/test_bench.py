@@ -90,6 +90,28 @@ def test_neuron_bench_spikingjelly_side_matches_and_is_recorded(tmp_path):
         assert r["threads"]["schedulable_cores"] >= 1
 
 
+def test_neuron_bench_times_a_catalogue_neuron_on_scan():
+    """``--neuron KLIFNode``: the timed call gives the outputs, dX and its learned ``k``'s gradient."""
+    x, ds = bench.make_inputs(3, 2, 40)
+    summary = bench.summarize(*bench.catalogue_step("KLIFNode", 3)(jnp.asarray(x), jnp.asarray(ds)))
+    assert summary["spikes"] > 0 and summary["dx_norm"] > 0 and set(summary["dparams"]) == {"k"}
+    with pytest.raises(SystemExit, match="--neuron CUBALIFNode runs on impl scan only"):
+        bench.main(["--neuron", "CUBALIFNode", "--impls", "native"])
+
+
+@pytest.mark.skipif(sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")
+@pytest.mark.parametrize("name", ["KLIFNode", "NonSpikingLIFNode"])
+def test_neuron_bench_runs_spikingjelly_s_catalogue_class(name):
+    records = bench.main(["--neuron", name, "--ts", "3", "--batch", "2", "--features", "40", "--reps", "2",
+                          "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly", "--sj-python", sj_python(),
+                          "--sj-threads", "1"])
+    r = records[0]
+    assert r["spikingjelly_spikes_match"] and r["spikingjelly_dx_norm_rel_diff"] < 1e-5 and r["spikingjelly_ms"] > 0
+    assert r["spikingjelly_dparams"].keys() == r["dparams"].keys()
+    for key, value in r["dparams"].items():
+        assert value == pytest.approx(r["spikingjelly_dparams"][key], rel=1e-4)
+
+
 def test_neuron_bench_without_spikingjelly_says_so(tmp_path, capsys):
     records = bench.main(["--ts", "2", "--batch", "2", "--features", "40", "--impls", "xla", "--reps", "2",
                           "--warmup", "1", "--copy-mib", "8", "--compare-spikingjelly",

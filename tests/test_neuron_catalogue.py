@@ -16,7 +16,8 @@ from jax.sharding import PartitionSpec as P
 from snnjax import Sequential, layers, neurons
 from snnjax.deploy import Streamer, calls
 from snnjax.interop import check, spikingjelly
-from snnjax.models import SpikingMLP, neuron_options
+from snnjax.models import SpikingMLP, create_model, neuron_options
+from snnjax.models.registry import model_config
 from snnjax.neurons import BaseNode, CUBALIFNode, IzhikevichNode, LIFNode, NonSpikingLIFNode
 from snnjax.neurons.compare import REFERENCE, run_vjp
 from snnjax.neurons.kernels import temporal
@@ -165,6 +166,18 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
     assert mlp(x).shape[-1] == 3
     assert {type(m) for _, m in nnx.iter_modules(mlp) if isinstance(m, BaseNode)} == {CUBALIFNode}
     assert neurons.set_impl(mlp, "native") == 0  # kernels are for IF / LIF / PLIF: the CUBA-LIF keeps "auto"
+    li = SpikingMLP(6, (8,), 3, spiking_neuron="CUBALIFNode", readout={"type": "NonSpikingLIFNode", "tau": 3.0},
+                    rngs=nnx.Rngs(1))  # the SHD recipe: the readout's potentials [T, N, 3] are the logits
+    head = li.head(li.neurons[0](li.fcs[0](x)))
+    np.testing.assert_allclose(li(x), NonSpikingLIFNode(tau=3.0)(head), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="reduces over time"):
+        SpikingMLP(6, (8,), 3, readout={"type": "NonSpikingLIFNode", "decode": "max-mem"})
+    with pytest.raises(ValueError, match="SpikingMLP's readout takes no keyword 'v_reset'"):
+        SpikingMLP(6, (8,), 3, readout={"type": "NonSpikingLIFNode", "v_reset": 0.0})
+    config = {k: v for k, v in model_config("mlp", spiking_neuron="NonSpikingLIFNode").items()
+              if k != "name" and v is not None}  # as the trainer passes them
+    built = create_model("mlp", {**config, "in_features": 6, "num_classes": 3}, rngs=nnx.Rngs(0))
+    assert isinstance(built.neurons[0], NonSpikingLIFNode)  # the config's v_reset 0.0 left out: the class has none
     klif = Sequential(layers.linear(6, 8, rngs=rngs), neurons.KLIFNode(step_mode="m"))  # SpikingJelly's names
     spikingjelly.import_state_dict(klif, {"0.weight": np.ones((8, 6)), "0.bias": np.zeros(8), "1.k": np.array(1.7)},
                                    dtype=jnp.float64)

@@ -1,4 +1,6 @@
-"""NIR export / import: BatchNorm folding, round trips, refusals, and SpikingJelly's NIR import of our files."""
+"""NIR export / import: BatchNorm folding, round trips, refusals, and SpikingJelly's, snnTorch's and Norse's NIR
+import of our files."""
+import copy
 import os
 import re
 import subprocess
@@ -18,7 +20,7 @@ from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.nir import NIRError, fold_batchnorm, from_nir, to_nir
 from snnjax.models import SpikingMLP
 from snnjax.models.sequential import Sequential
-from snnjax.neurons import S2NN, LIFNode
+from snnjax.neurons import S2NN, ATan, CUBALIFNode, LIFNode, NonSpikingIFNode, NonSpikingLIFNode
 
 
 def gesture_net():
@@ -84,6 +86,97 @@ def test_neuron_parameters_and_training_settings_travel(tmp_path):
     assert np.allclose(lif.tau, 4e-4) and np.all(lif.r == 4.0) and np.all(lif.v_leak == 0.0)
 
 
+def cuba_net(v_reset: float = -0.1):
+    """Linear -> CUBA-LIF -> Linear -> CUBA-LIF (``v_reset``) -> Linear -> leaky-integrator readout -> Linear ->
+    integrator, float64, with inputs [T=12, N=2, 6] that make both CUBA-LIF layers fire."""
+    rngs = nnx.Rngs(0)
+    net = Sequential(layers.linear(6, 16, rngs=rngs, **F64),
+                     CUBALIFNode(c_decay=0.8, v_decay=0.9, v_threshold=0.7, surrogate_function=ATan(3.0),
+                                 detach_reset=True, step_mode="m"),
+                     layers.linear(16, 8, rngs=rngs, **F64), CUBALIFNode(v_reset=v_reset, step_mode="m"),
+                     layers.linear(8, 4, rngs=rngs, **F64), NonSpikingLIFNode(tau=3.0),
+                     layers.linear(4, 3, rngs=rngs, **F64), NonSpikingIFNode())
+    return net, 2.0 * jax.random.uniform(jax.random.key(1), (12, 2, 6), jnp.float64)
+
+
+@jax.jit
+def run_cuba(net, x):
+    """``cuba_net``'s outputs and its first CUBA-LIF's firing rate (one compile for nets with equal graphdefs)."""
+    return net(x), net.layers[1](net.layers[0](x)).mean()
+
+
+def test_cuba_lif_and_readouts_round_trip_through_a_nir_file(x64, tmp_path):
+    net, x = cuba_net()
+    graph = to_nir(net, (6,))
+    kinds = [type(n).__name__ for n in graph.nodes.values()]
+    assert kinds == ["Input", "Affine", "CubaLIF", "Affine", "CubaLIF", "Affine", "LI", "Affine", "I", "Output"]
+    cuba, li, i = graph.nodes["layers_1"], graph.nodes["layers_5"], graph.nodes["layers_7"]
+    np.testing.assert_allclose(cuba.tau_syn, 5e-4, rtol=1e-12)  # dt / (1 - c_decay)
+    np.testing.assert_allclose(cuba.tau_mem, 1e-3, rtol=1e-12)
+    np.testing.assert_allclose(cuba.w_in, 5.0, rtol=1e-12)  # tau_syn / dt: the Euler step adds the input unscaled
+    np.testing.assert_allclose(cuba.r, 10.0, rtol=1e-12)
+    assert np.all(cuba.v_leak == 0) and np.all(cuba.v_threshold == 0.7) and np.all(graph.nodes["layers_3"].v_reset
+                                                                                   == -0.1)
+    assert np.allclose(li.tau, 3e-4) and np.all(li.r == 1) and np.all(li.v_leak == 0) and np.all(i.r == 1e4)
+    nir.write(tmp_path / "cuba.nir", graph)
+    back = from_nir(tmp_path / "cuba.nir", dtype=jnp.float64, param_dtype=jnp.float64)
+    assert [type(m).__name__ for m in back.layers[1::2]] == ["CUBALIFNode", "CUBALIFNode", "NonSpikingLIFNode",
+                                                              "NonSpikingIFNode"]
+    first = back.layers[1]
+    assert (first.c_decay, first.v_decay, first.surrogate_function, first.detach_reset) == (
+        pytest.approx(0.8, abs=1e-15), pytest.approx(0.9, abs=1e-15), ATan(3.0), True)
+    (want, rate), (got, _) = run_cuba(net, x), run_cuba(back, x)
+    assert 0.05 < float(rate) < 0.6 and float(jnp.abs(want).max()) > 0.1  # the hidden layer fires, not always
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_what_the_new_nodes_cannot_carry_is_refused(x64):
+    net, _ = cuba_net()
+    with pytest.raises(NIRError, match="decode='max-mem' reduces the potentials over time"):
+        to_nir(Sequential(layers.linear(6, 4, rngs=nnx.Rngs(0)), NonSpikingLIFNode(decode="max-mem")), (6,))
+    with pytest.raises(NIRError, match="soft reset"):
+        to_nir(Sequential(layers.linear(6, 4, rngs=nnx.Rngs(0)), CUBALIFNode(v_reset=None, step_mode="m")), (6,))
+    with pytest.raises(NIRError, match=r"c_decay=1.0 is outside \[0, 1\)"):
+        to_nir(Sequential(layers.linear(6, 4, rngs=nnx.Rngs(0)), CUBALIFNode(c_decay=1.0, step_mode="m")), (6,))
+    cases = [  # (node, field, value, what the error says): shapes, NaN, and parameters outside the mapping
+        ("layers_1", "tau_syn", np.full(16, np.nan), "layers_1: tau_syn holds NaN"),
+        ("layers_1", "w_in", np.ones(16), "layers_1: CubaLIF w_in=1.0 must be tau_syn/dt=5"),
+        ("layers_1", "r", np.ones(16), "layers_1: CubaLIF r=1.0 must be tau_mem/dt=10"),
+        ("layers_1", "v_leak", np.full(16, 0.1), "layers_1: CubaLIF v_leak must be 0"),
+        ("layers_1", "tau_mem", np.full(16, 5e-5), "layers_1: CubaLIF tau_mem/dt = 0.5 must be >= 1"),
+        ("layers_1", "v_threshold", np.ones(17), "layers_1: v_threshold of shape (17,) does not fit its input (16,)"),
+        ("layers_5", "tau", np.full((2, 4), 3e-4), "layers_5: tau of shape (2, 4) does not fit its input (4,)"),
+        ("layers_5", "r", np.full(4, np.inf), "layers_5: r holds NaN, infinite"),
+        ("layers_5", "v_leak", np.ones(4), "layers_5: LI v_leak must be 0"),
+        ("layers_7", "r", np.ones(3), "layers_7: I with r=1.0 at dt=0.0001"),
+    ]
+    intact = to_nir(net, (6,))
+    for node, field, value, reason in cases:
+        graph = copy.deepcopy(intact)
+        setattr(graph.nodes[node], field, value)
+        with pytest.raises(NIRError, match=re.escape(reason)):
+            from_nir(graph)
+
+
+def test_a_scale_after_an_affine_layer_folds_into_it(x64):
+    """``nir.Scale`` (``y = x * s``) right after an affine layer becomes part of its weights; anywhere else it is
+    refused (snnjax has no scaling layer)."""
+    net, x = cuba_net()
+    graph = to_nir(net, (6,))
+    scale = np.linspace(0.5, 1.5, 16)
+    graph.nodes["scale"] = nir.Scale(scale=scale)
+    graph.edges = [e for e in graph.edges if e != ("layers_0", "layers_1")] + [("layers_0", "scale"),
+                                                                               ("scale", "layers_1")]
+    back = from_nir(graph, dtype=jnp.float64, param_dtype=jnp.float64)
+    net.layers[0].kernel[...] = net.layers[0].kernel[...] * scale
+    net.layers[0].bias[...] = net.layers[0].bias[...] * scale
+    np.testing.assert_allclose(run_cuba(back, x)[0], run_cuba(net, x)[0], rtol=0, atol=1e-12)
+    graph.edges = [e for e in graph.edges if e[0] not in ("layers_0", "layers_1", "scale")] + [
+        ("layers_0", "layers_1"), ("layers_1", "scale"), ("scale", "layers_2")]
+    with pytest.raises(NIRError, match="a Scale folds only into the affine or convolution layer right before it"):
+        from_nir(graph)
+
+
 class Residual(nnx.Module):
     def __init__(self):
         self.fc, self.lif = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), LIFNode(step_mode="m")
@@ -107,9 +200,8 @@ def test_what_nir_cannot_carry_is_refused():
     with pytest.raises(NIRError, match="v_threshold differs between neurons"):
         from_nir(graph)
     graph = to_nir(SpikingMLP(4, (3,), 2, rngs=nnx.Rngs(0)), (4,))
-    graph.nodes["neurons_0"] = nir.CubaLIF(tau_syn=np.ones(3), tau_mem=np.ones(3), r=np.ones(3), v_leak=np.zeros(3),
-                                           v_threshold=np.ones(3))
-    with pytest.raises(NIRError, match="CubaLIF, which from_nir does not map"):
+    graph.nodes["neurons_0"] = nir.Threshold(threshold=np.ones(3))
+    with pytest.raises(NIRError, match="Threshold, which from_nir does not map"):
         from_nir(graph)
     graph.edges.append(("fcs_0", "head"))
     with pytest.raises(NIRError, match="chain"):
@@ -149,6 +241,50 @@ def test_spikingjelly_imports_our_nir_files_and_reproduces_outputs(x64, tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     for name in names:
         np.testing.assert_allclose(np.load(tmp_path / f"{name}_y.npy"), want[name], rtol=0, atol=1e-12)
+
+
+CONSUMERS = """
+import sys, numpy as np, torch, nir
+path, out = sys.argv[1], {}
+x = np.load(path + "_x.npy")
+from spikingjelly.activation_based.nir_exchange import import_from_nir
+with torch.no_grad():
+    out["spikingjelly"] = import_from_nir(path + ".nir", dt=1e-4, dtype=torch.float64, step_mode="m")(
+        torch.from_numpy(x))[0].numpy()
+    from snntorch.import_nir import import_from_nir as snntorch_import  # float32, dt = 1e-4
+    net = snntorch_import(nir.read(path + ".nir"))
+    out["snntorch"] = np.stack([net(torch.from_numpy(xt).float())[0].numpy() for xt in x])
+    import norse.torch  # float32, stepped with its state
+    net, state, ys = norse.torch.from_nir(nir.read(path + ".nir"), dt=1e-4), None, []
+    for xt in x:
+        y, state = net(torch.from_numpy(xt).float(), state)
+        ys.append(y.numpy())
+    out["norse"] = np.stack(ys)
+np.savez(path + "_y.npz", **out)
+"""
+
+
+@pytest.mark.skipif(_sj_python() is None, reason="no interpreter with spikingjelly, snntorch, norse and nir "
+                    "(SNNJAX_SJ_PYTHON)")
+def test_other_nir_tools_run_our_cuba_lif_graph(x64, tmp_path):
+    """SpikingJelly (float64), snnTorch and Norse (float32) load a CUBA-LIF graph of ours and give our outputs.
+    None of the three imports NIR's LI or I, so the graph ends with an affine layer on the spikes; snnTorch and Norse
+    start from 0 and reset to 0 whatever the graph's v_reset, so it is 0 here."""
+    net, x = cuba_net(v_reset=0.0)
+    net = Sequential(*list(net.layers)[:5])  # up to the second CUBA-LIF's affine read-out
+    nir.write(tmp_path / "cuba.nir", to_nir(net, (6,)))
+    np.save(tmp_path / "cuba_x.npy", np.asarray(x))
+    want = np.asarray(net(x))
+    result = subprocess.run([_sj_python(), "-c", CONSUMERS, str(tmp_path / "cuba")], capture_output=True, text=True,
+                            timeout=300)
+    if result.returncode and "No module named" in result.stderr:
+        pytest.skip(f"{_sj_python()} lacks one of nir, nirtorch, snntorch, norse: {result.stderr[-200:]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(tmp_path / "cuba_y.npz")
+    assert float(np.abs(want).max()) > 0.5
+    np.testing.assert_allclose(got["spikingjelly"], want, rtol=0, atol=1e-12)
+    for tool in ("snntorch", "norse"):
+        np.testing.assert_allclose(got[tool], want, rtol=0, atol=1e-6, err_msg=tool)
 
 
 def test_only_the_nir_module_imports_nir():

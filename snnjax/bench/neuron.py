@@ -1,13 +1,20 @@
-"""Neuron benchmark: LIF (or PLIF) forward + backward over ``[T, 64, C]`` for each impl, against the copy roofline.
+"""Neuron benchmark: LIF, PLIF or a catalogue neuron, forward + backward over ``[T, 64, C]`` for each impl, against
+the copy roofline.
 
-    python -m snnjax.bench.neuron [--neuron LIF|PLIF] [--ts 4 8 16 32] [--features C] [--impls xla pallas ...]
-                                  [--dtype float32|bfloat16|float16] [--compare-spikingjelly] [--out FILE.jsonl]
+    python -m snnjax.bench.neuron [--neuron LIF|PLIF|CUBALIFNode|...] [--ts 4 8 16 32] [--features C]
+                                  [--impls xla pallas ...] [--dtype float32|bfloat16|float16]
+                                  [--compare-spikingjelly] [--out FILE.jsonl]
 
 What is timed is one training-shaped call: ``(spikes, dX) = f(X, dS)``, the forward
 spikes and the input gradient for a cotangent dS, jitted, of a LIF neuron with
 SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmoid(4));
 ``--neuron PLIF``: SpikingJelly's ``ParametricLIFNode(init_tau=2.0)`` defaults, the call also returning the gradient of
-its decay parameter ``w``.
+its decay parameter ``w``; ``--neuron NAME``, a recurrent catalogue neuron (``workload.CATALOGUE_NEURONS``): that
+class with its (SpikingJelly's) defaults (``workload.CATALOGUE_KEYWORDS`` adds the keywords a class needs), run by
+``scan``, its only impl (``--impls scan``, the default), the call also returning the gradients of its learnable
+parameters (KLIF's ``k``, GatedLIF's gates), as SpikingJelly's backward computes them. (SpikingJelly 2.0.0's
+``LIAFNode`` runs with ``store_v_seq``: without it its multi-step call takes ``LIFNode``'s fused path and outputs
+spikes, not ``act(H)``; its ``GatedLIFNode`` draws other initial gates, so its outputs differ from ours.)
 Inputs are ``0.5 + N(0, 1)`` (about a tenth of the neuron-steps fire), drawn with numpy
 from a seed per T, so SpikingJelly gets bit-identical inputs and its spike count and
 gradient norm are compared with ours.
@@ -33,7 +40,8 @@ Impls: ``xla`` (the lax.scan custom-vjp path), ``scan`` (the single step under `
 backend: ``xla`` and ``native`` on a CPU (the Pallas kernels only run interpreted there),
 ``xla`` and ``pallas`` on a GPU.
 
-``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode`` / ``ParametricLIFNode`` (``step_mode='m'``) on the
+``--compare-spikingjelly`` times SpikingJelly's own ``LIFNode`` / ``ParametricLIFNode`` / catalogue class
+(``step_mode='m'``) on the
 same shapes and inputs in a process of ``--sj-python`` per backend, kept alive beside ours
 (``snnjax.bench.spikingjelly_lif``, ``snnjax.bench.peer``; needs torch and spikingjelly), its
 repetitions interleaved with the impls' (torch gets ``--sj-threads`` threads; the records carry
@@ -56,6 +64,7 @@ import time
 import numpy as np
 
 from snnjax.bench.peer import PeerError, interleave, start_script, thread_info, timed_ms
+from snnjax.bench.workload import CATALOGUE_KEYWORDS, CATALOGUE_NEURONS
 from snnjax.bench.workload import lif_inputs as make_inputs
 
 BYTES_PASSES = 5  # fused fwd+bwd minimum: X, S (forward); X, dS, dX (backward)
@@ -137,6 +146,33 @@ def make_step(spec: str, cfg):
     return jax.jit(step)
 
 
+def catalogue_step(name: str, t: int):
+    """Jitted ``(x, ds) -> (outputs, dx, {param: grad})`` of catalogue neuron ``name`` (multi-step, its defaults
+    and ``CATALOGUE_KEYWORDS``; GatedLIFNode built for ``t`` steps)."""
+    import jax
+    from flax import nnx
+
+    from snnjax.neurons import catalogue
+
+    kwargs = dict(CATALOGUE_KEYWORDS.get(name, {}))
+    if "act" in kwargs:
+        kwargs["act"] = getattr(jax.nn, kwargs["act"])
+    if name == "GatedLIFNode":
+        kwargs["T"] = t
+    node = getattr(catalogue, name)(**kwargs, step_mode="m")
+    graphdef, params, rest = nnx.split(node, nnx.Param, ...)
+
+    def run(x, params):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    def step(x, ds):
+        out, vjp = jax.vjp(run, x, params)
+        dx, dparams = vjp(ds)
+        return out, dx, {k: v for k, v in nnx.to_flat_state(dparams)}
+
+    return jax.jit(step)
+
+
 def measure_copy_gbps(reps: int, inner: int, nbytes: int = 1 << 30) -> tuple[float, float]:
     """Device copy bandwidth in GB/s (bytes read + written) of a jitted elementwise pass over ``nbytes``.
 
@@ -186,9 +222,13 @@ def time_impls(steps: dict, x, ds, reps: int, warmup: int, inner: int, peers: di
 
 
 def summarize(spikes, dx, dw=None) -> dict:
-    """Spike count, gradient L2 norm and PLIF's ``dw`` (compared across impls and with SpikingJelly)."""
+    """Spike count, gradient L2 norm and PLIF's ``dw`` (a catalogue neuron's: ``{param: grad}``, summed per parameter)
+    (compared across impls and with SpikingJelly)."""
     out = {"spikes": float(np.sum(np.asarray(spikes, np.float64))),
            "dx_norm": float(np.linalg.norm(np.asarray(dx, np.float64).ravel()))}
+    if isinstance(dw, dict):
+        return {**out, "dparams": {".".join(map(str, k)): float(np.sum(np.asarray(v, np.float64)))
+                                   for k, v in dw.items()}}
     return out if dw is None else {**out, "dw": float(dw)}
 
 
@@ -266,7 +306,7 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
                            torch_version=ready["torch_version"], spikingjelly_version=ready["spikingjelly_version"],
                            torch_threads=ready["torch_threads"], spikingjelly_implementation=ready["implementation"],
                            spikingjelly_spikes_match=r["spikes"] == sums[name]["spikes"],
-                           spikingjelly_dw=r.get("dw"),
+                           spikingjelly_dw=r.get("dw"), spikingjelly_dparams=r.get("dparams"),
                            spikingjelly_dx_norm_rel_diff=abs(r["dx_norm"] - sums[name]["dx_norm"])
                            / max(r["dx_norm"], 1e-30))
                 line += f" {r['median_ms']:>11.3f} {b:>11} {r['median_ms'] / med:>7.2f}x"
@@ -277,7 +317,8 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF"])
+    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF", *CATALOGUE_NEURONS],
+                   help="LIF, PLIF or a recurrent catalogue neuron (run by scan)")
     p.add_argument("--ts", type=int, nargs="+", default=[4, 8, 16, 32], help="time steps (default 4 8 16 32)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, help="C (default: 16384 on a CPU, 65536 on a GPU)")
@@ -316,16 +357,27 @@ def main(argv=None) -> list[dict]:
     device = jax.devices()[0]
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     features = args.features or DEFAULT_FEATURES.get(platform, 16384)
-    impls = args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
+    catalogue = args.neuron in CATALOGUE_NEURONS
+    if catalogue and args.impls not in (None, ["scan"]):
+        raise SystemExit(f"--neuron {args.neuron} runs on impl scan only (the fused kernels are IF / LIF / PLIF's); "
+                         f"got --impls {' '.join(args.impls)}")
+    impls = ["scan"] if catalogue else args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
     sj_backends = args.sj_backends or (["cpu"] if platform != "gpu" else ["triton", "cuda", "torch"]
                                        if args.dtype == "float32" else ["auto"])
     dtype = jnp.dtype(args.dtype)
-    cfg = neurons.NeuronConfig(kind=args.neuron, tau=2.0)
-    steps = {spec: make_step(spec, cfg) for spec in impls}
+    if catalogue:
+        def steps_at(t):
+            return {"scan": catalogue_step(args.neuron, t)}
+    else:
+        cfg = neurons.NeuronConfig(kind=args.neuron, tau=2.0)
+        built = {spec: make_step(spec, cfg) for spec in impls}
+
+        def steps_at(t):
+            return built
 
     inner = args.inner or DEFAULT_INNER.get(platform, 1)
     copy_gbps, copy_fresh_gbps = measure_copy_gbps(max(args.reps, 10), inner, args.copy_mib << 20)
-    print(f"{args.neuron} fwd+bwd (spikes and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
+    print(f"{args.neuron} fwd+bwd (outputs and dX), [T, {args.batch}, {features}] {dtype.name}, {device.platform} "
           f"({device.device_kind}), median of {args.reps}; host allocator "
           f"{'keep_freed_memory' if keep_freed else 'default'}; copy bandwidth {copy_gbps:.1f} GB/s in place, "
           f"{copy_fresh_gbps:.1f} GB/s into a new buffer; "
@@ -345,8 +397,8 @@ def main(argv=None) -> list[dict]:
     records = []
     try:
         for t in args.ts:
-            records += _run_t(t, args, steps, peers, sj_errors, dtype, features, inner, copy_gbps, copy_fresh_gbps,
-                              keep_freed, device)
+            records += _run_t(t, args, steps_at(t), peers, sj_errors, dtype, features, inner, copy_gbps,
+                              copy_fresh_gbps, keep_freed, device)
     finally:
         for peer in peers.values():
             peer.close()

@@ -1,9 +1,13 @@
-"""SpikingJelly's side of the neuron benchmark (``snnjax.bench.neuron``): multi-step LIF / PLIF forward + backward.
+"""SpikingJelly's side of the neuron benchmark (``snnjax.bench.neuron``): multi-step LIF / PLIF / catalogue neuron
+forward + backward.
 
     SJ_LIF_CUDA_IMPLEMENTATION=triton python snnjax/bench/spikingjelly_lif.py --device cuda --backend triton
 
 A peer (``snnjax.bench.peer``) running ``LIFNode(step_mode='m')`` with its defaults (tau 2, Sigmoid(4), hard
-reset to 0), or ``ParametricLIFNode(init_tau=2.0)`` (``--neuron PLIF``; its ``w.grad`` is answered too).
+reset to 0), or ``ParametricLIFNode(init_tau=2.0)`` (``--neuron PLIF``; its ``w.grad`` is answered too), or
+SpikingJelly's class ``--neuron NAME`` of ``workload.CATALOGUE_NEURONS`` with its defaults and
+``workload.CATALOGUE_KEYWORDS`` (built at each setup: GatedLIFNode takes the T; its parameters' gradient sums are
+answered too).
 Requests: ``{"op": "setup", "T": t}`` builds the inputs of ``workload.lif_inputs`` (the numbers ours get), warms
 up and answers the spike count and the gradient's L2 norm; ``{"op": "time"}`` computes the spikes and ``x.grad``
 for the cotangent dS ``--inner`` times (one device sync at the end) and answers the milliseconds per call. On a
@@ -24,12 +28,13 @@ else:  # run as a script: its folder is sys.path[0], and the snnjax package (whi
     import workload
 
 
-def run(functional, node, x, ds):
+def run(torch, functional, node, x, ds):
     """One training-shaped call: fresh state, spikes of ``x``, ``x.grad`` for the cotangent ``ds``."""
     functional.reset_net(node)
     x.grad = None
     node.zero_grad(set_to_none=True)
     spikes = node(x)
+    spikes = torch.stack(spikes) if isinstance(spikes, list) else spikes  # the non-spiking readouts return a list
     spikes.backward(ds)
     return spikes
 
@@ -40,7 +45,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, default=16384)
-    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF"])
+    p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF", *workload.CATALOGUE_NEURONS])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--inner", type=int, default=1, help="calls per timed repetition (one sync at its end)")
@@ -58,26 +63,50 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    node = (neuron.ParametricLIFNode(init_tau=2.0, step_mode="m") if args.neuron == "PLIF"
-            else neuron.LIFNode(tau=2.0, step_mode="m")).to(dev)
+    catalogue = args.neuron in workload.CATALOGUE_NEURONS
+
+    def build(t: int):
+        if args.neuron in ("LIF", "PLIF"):
+            return (neuron.ParametricLIFNode(init_tau=2.0, step_mode="m") if args.neuron == "PLIF"
+                    else neuron.LIFNode(tau=2.0, step_mode="m")).to(dev)
+        kwargs = dict(workload.CATALOGUE_KEYWORDS.get(args.neuron, {}))
+        if "act" in kwargs:
+            kwargs["act"] = getattr(torch, kwargs["act"])
+        if args.neuron == "GatedLIFNode":
+            kwargs["T"] = t
+        m = getattr(neuron, args.neuron)(**kwargs)
+        if not args.neuron.startswith("NonSpiking") and args.neuron != "GatedLIFNode":  # those two: multi-step only
+            m.step_mode = "m"
+        if args.neuron == "LIAFNode":  # else its multi-step call takes LIFNode's fused path: spikes, not act(H)
+            m.store_v_seq = True
+        return m.to(dev, dtype)
+
+    node = build(1)
     held = {}
 
     def setup(request: dict) -> dict:
+        nonlocal node
         held.clear()
+        if catalogue:
+            node = build(request["T"])
         x_np, ds_np = workload.lif_inputs(request["T"], args.batch, args.features)
+        if args.neuron == "GatedLIFNode":  # its scalar gates broadcast over steps [N, C, H, W]: C features as [C, 1, 1]
+            x_np, ds_np = x_np[..., None, None], ds_np[..., None, None]
         x = torch.from_numpy(x_np).to(dev, dtype).requires_grad_(True)
         ds = torch.from_numpy(ds_np).to(dev, dtype)
         for _ in range(max(args.warmup, 1)):
-            spikes = run(functional, node, x, ds)
+            spikes = run(torch, functional, node, x, ds)
         sync()
         held.update(x=x, ds=ds)
         out = {"spikes": float(spikes.detach().double().sum()), "dx_norm": float(x.grad.double().norm())}
+        if catalogue:
+            out["dparams"] = {name: float(prm.grad.double().sum()) for name, prm in node.named_parameters()}
         return {**out, "dw": float(node.w.grad)} if args.neuron == "PLIF" else out
 
     def timed(_request: dict) -> dict:
         def calls():
             for _ in range(args.inner):
-                run(functional, node, held["x"], held["ds"])
+                run(torch, functional, node, held["x"], held["ds"])
             sync()
 
         return {"ms": peer.timed_ms(calls) / args.inner}

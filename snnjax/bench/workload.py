@@ -89,6 +89,15 @@ def make_batch(model: str, batch: int, t: int, seed: int = 0,
     return np.ascontiguousarray(x, np.float32), rng.integers(0, 10, batch).astype(np.int32)
 
 
+# The recurrent catalogue neurons the neuron benchmark times (``--neuron NAME``; snnjax.neurons.catalogue, and
+# SpikingJelly's classes of the same names), built with their defaults plus these keywords (``act`` by name: jax.nn's
+# and torch's; GatedLIFNode's ``T`` is the run's).
+CATALOGUE_NEURONS = ("CUBALIFNode", "ComplementaryLIFNode", "EIFNode", "GatedLIFNode", "HalfThresholdIFNode",
+                     "ILIFNode", "IzhikevichNode", "KLIFNode", "LIAFNode", "NonSpikingIFNode", "NonSpikingLIFNode",
+                     "QIFNode", "RAFNode", "TernaryIFNode", "TernaryLIFNode")
+CATALOGUE_KEYWORDS = {"LIAFNode": {"act": "relu", "threshold_related": True}}
+
+
 def lif_inputs(t: int, batch: int, features: int) -> tuple[np.ndarray, np.ndarray]:
     """``(x, ds)`` float32 ``[t, batch, features]`` of the neuron benchmark: x = 0.5 + N(0,1), ds = N(0,1), seeded
     by t."""

@@ -13,18 +13,26 @@ in NIR's CHW order, ``layers.Flatten("chw")``):
 - ``layers.BatchNorm`` (eval mode) -> folded into the conv / linear before it (``fold_batchnorm``);
 - ``layers.AvgPool2d`` -> ``nir.AvgPool2d``; ``layers.Flatten`` -> ``nir.Flatten``; dropout (identity) -> nothing;
 - ``IF`` -> ``nir.IF`` with ``r = 1 / dt``; ``LIF`` (and ``PLIF``, its learned tau taken as it is) ->
-  ``nir.LIF`` with ``tau = tau_steps * dt``, ``r = 1`` (``decay_input``) or ``tau_steps``, ``v_leak = v_reset``.
+  ``nir.LIF`` with ``tau = tau_steps * dt``, ``r = 1`` (``decay_input``) or ``tau_steps``, ``v_leak = v_reset``;
+- ``CUBALIFNode`` -> ``nir.CubaLIF`` with ``tau_syn = dt / (1 - c_decay)``, ``tau_mem = dt / (1 - v_decay)``,
+  ``w_in = tau_syn / dt``, ``r = tau_mem / dt``, ``v_leak = 0`` (decays in [0, 1));
+- the readouts: ``NonSpikingLIFNode`` -> ``nir.LI`` with ``tau = tau_steps * dt``, ``r = 1``, ``v_leak = 0``;
+  ``NonSpikingIFNode`` -> ``nir.I`` with ``r = 1 / dt`` (``decode=None`` only: NIR has no reduction over time).
   That is SpikingJelly's discretisation (``spikingjelly.activation_based.nir_exchange``; default
-  ``dt = 1e-4`` as there): the Euler step of NIR's ODE over ``dt`` is exactly the snnjax update.
+  ``dt = 1e-4`` as there, and snnTorch's for ``CubaLIF``): the Euler step of NIR's ODE over ``dt`` is exactly the
+  snnjax update (for ``CubaLIF``: the current first, then the potential from the new current).
 
-Not carried by NIR, and refused with an error naming the layer: soft reset (``v_reset=None``; NIR
+Import also folds a ``nir.Scale`` right after an affine or convolution layer into it (one factor per output
+channel). Not carried by NIR, and refused with an error naming the layer: soft reset (``v_reset=None``; NIR
 resets to a potential), max pooling (no node in NIR 1.0), models whose layer calls are not a chain
 (``snnjax.deploy.calls.layer_chain``: attention, residual blocks). NIR describes inference, so the
 surrogate gradient and ``detach_reset`` (which change only gradients) have no NIR field: they are written to each
-neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_surrogate_params``: its keywords as JSON,
-``snnjax_detach_reset``), which ``from_nir`` reads back and other tools ignore. Import refuses nodes outside this table
-(``CubaLIF``, ``Delay``, ``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters,
-strided or padded pooling and graphs that are not a chain.
+spiking neuron node's ``metadata`` (``snnjax_surrogate``, ``snnjax_surrogate_params``: its keywords as JSON,
+``snnjax_detach_reset``), which ``from_nir`` reads back and other tools ignore. Import refuses nodes outside this
+table (``Threshold``: a step without state or reset, which no snnjax layer computes; ``CubaLI``, ``Delay``,
+``SumPool2d``, ...), per-neuron (non-uniform) neuron parameters, parameters that do not fit the layer's shape,
+parameters outside the discretisation above (e.g. a ``CubaLIF`` with ``v_leak != 0``), strided or padded pooling
+and graphs that are not a chain.
 
 Reading an untrusted file: ``from_nir(path)`` first opens it with h5py and adds up the element counts its
 datasets declare (``max_elements``, default :data:`MAX_ELEMENTS`), so a small file claiming huge arrays is refused
@@ -54,6 +62,7 @@ from snnjax.deploy.calls import dotted, layer_chain
 from snnjax.models.sequential import Sequential
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.base import decay_rate
+from snnjax.neurons.catalogue import CUBALIFNode, NonSpikingIFNode, NonSpikingLIFNode
 from snnjax.neurons.modules import BaseNode
 
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
@@ -164,8 +173,8 @@ def to_nir(model: nnx.Module, input_shape: tuple[int, ...], *, dt: float = DT) -
             nodes.append((name, _neuron_node(call_name, module, _nir_shape(x_shape), dt)))
         else:
             raise NIRError(f"{call_name} is a {type(module).__name__}, which has no NIR node here (to_nir takes "
-                           "convolutions, linear layers, BatchNorm, average pooling, flatten, dropout and IF / LIF / "
-                           "PLIF neurons)")
+                           "convolutions, linear layers, BatchNorm, average pooling, flatten, dropout, IF / LIF / "
+                           "PLIF / CUBALIFNode neurons and NonSpikingIFNode / NonSpikingLIFNode readouts)")
         shape = y_shape
     nodes.append(("output", nir.Output(output_type=np.array(_nir_shape(shape)))))
     edges = [(a, b) for (a, _), (b, _) in zip(nodes[:-1], nodes[1:], strict=True)]
@@ -180,17 +189,33 @@ def _kernel(module: nnx.Module) -> np.ndarray:
 
 
 def _neuron_node(name: str, node: BaseNode, shape: tuple[int, ...], dt: float):
+    full = lambda v: np.full(shape, float(v))  # noqa: E731
+    if isinstance(node, (NonSpikingIFNode, NonSpikingLIFNode)):
+        if node.decode is not None:
+            raise NIRError(f"{name}: decode={node.decode!r} reduces the potentials over time, which no NIR node does; "
+                           "export the readout with decode=None and reduce its [T, ...] output yourself")
+        if isinstance(node, NonSpikingIFNode):
+            return nir.I(r=full(1.0 / dt))
+        return nir.LI(tau=full(node.tau * dt), r=full(1.0), v_leak=full(0.0))
     cfg = node.config
-    if cfg is None:
-        raise NIRError(f"{name} is a {type(node).__name__}, which has no NIR node here (to_nir takes IF / LIF / PLIF "
-                       "neurons)")
-    if cfg.v_reset is None:
+    if cfg is None and not isinstance(node, CUBALIFNode):
+        raise NIRError(f"{name} is a {type(node).__name__}, which has no NIR node here (to_nir takes IF / LIF / PLIF / "
+                       "CUBALIFNode neurons and NonSpikingIFNode / NonSpikingLIFNode readouts)")
+    if node.v_reset is None:
         raise NIRError(f"{name}: soft reset (v_reset=None) has no NIR form (NIR neurons reset to v_reset); "
                        "train with a hard reset (e.g. v_reset=0.0) to export")
-    full = lambda v: np.full(shape, float(v))  # noqa: E731
-    meta = {"snnjax_surrogate": sg.name_of(cfg.surrogate),
-            "snnjax_surrogate_params": json.dumps(sg.params_of(cfg.surrogate)),
-            "snnjax_detach_reset": int(cfg.detach_reset)}
+    meta = {"snnjax_surrogate": sg.name_of(node.surrogate_function),
+            "snnjax_surrogate_params": json.dumps(sg.params_of(node.surrogate_function)),
+            "snnjax_detach_reset": int(node.detach_reset)}
+    if isinstance(node, CUBALIFNode):
+        for key in ("c_decay", "v_decay"):
+            if not 0.0 <= getattr(node, key) < 1.0:
+                raise NIRError(f"{name}: {key}={getattr(node, key)} is outside [0, 1), where NIR's CubaLIF time "
+                               "constant dt / (1 - decay) is positive and finite")
+        tau_syn, tau_mem = dt / (1.0 - node.c_decay), dt / (1.0 - node.v_decay)
+        return nir.CubaLIF(tau_syn=full(tau_syn), tau_mem=full(tau_mem), r=full(tau_mem / dt), v_leak=full(0.0),
+                           v_threshold=full(node.v_threshold), v_reset=full(node.v_reset), w_in=full(tau_syn / dt),
+                           metadata=meta)
     if cfg.kind == "IF":
         return nir.IF(r=full(1.0 / dt), v_threshold=full(cfg.v_threshold), v_reset=full(cfg.v_reset), metadata=meta)
     tau = cfg.tau if cfg.kind == "LIF" else 1.0 / float(decay_rate(cfg, node.decay_param()))
@@ -394,12 +419,18 @@ def _from_graph(graph: nir.NIRGraph, dt: float, rngs, dtype, param_dtype, max_el
             specs.append({"kind": "flatten", "order": "chw"})
             weights.append(None)
             current = (int(np.prod(current)),)
-        elif isinstance(node, (nir.IF, nir.LIF)):
+        elif isinstance(node, nir.Scale):
+            _fold_scale(name, node, specs, weights, current)
+        elif isinstance(node, NEURON_NODES):
+            for field in NEURON_FIELDS:
+                if getattr(node, field, None) is not None:
+                    _fitting(name, field, getattr(node, field), current)
             specs.append(_neuron_spec(name, node, dt))
             weights.append(None)
         else:
             raise NIRError(f"node {name!r} is a {type(node).__name__}, which from_nir does not map (it takes "
-                           "Affine, Linear, Conv2d, AvgPool2d, Flatten, IF, LIF)")
+                           "Affine, Linear, Conv2d, AvgPool2d, Flatten, Scale after an affine or conv layer, IF, LIF, "
+                           "CubaLIF, LI, I)")
         bound(name, int(np.prod(current, dtype=object)))
         if weights[-1] is not None:
             bound(f"{name}'s weight", weights[-1][0].size)
@@ -412,10 +443,70 @@ def _from_graph(graph: nir.NIRGraph, dt: float, rngs, dtype, param_dtype, max_el
     return model
 
 
+NEURON_NODES = (nir.IF, nir.LIF, nir.CubaLIF, nir.LI, nir.I)
+NEURON_FIELDS = ("r", "tau", "tau_syn", "tau_mem", "v_leak", "v_threshold", "v_reset", "w_in")
+
+
+def _fitting(name: str, what: str, value, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` broadcast to the layer's ``shape`` (NIR layout), refusing NaN, infinity and shapes that do not fit."""
+    value = _finite(name, what, value)
+    try:
+        fits = np.broadcast_shapes(value.shape, shape) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise NIRError(f"{name}: {what} of shape {value.shape} does not fit its input {tuple(shape)}")
+    return np.broadcast_to(value, shape)
+
+
+def _fold_scale(name: str, node, specs: list, weights: list, shape: tuple[int, ...]) -> None:
+    """Fold ``nir.Scale`` node ``name`` (``y = x * scale``) into the affine or conv layer before it."""
+    if not specs or specs[-1]["kind"] not in ("linear", "conv"):
+        raise NIRError(f"{name}: a Scale folds only into the affine or convolution layer right before it (snnjax "
+                       "has no scaling layer)")
+    scale = _fitting(name, "scale", node.scale, shape)
+    if specs[-1]["kind"] == "conv":
+        per_channel = scale.reshape(shape[0], -1)
+        if not (per_channel == per_channel[:, :1]).all():
+            raise NIRError(f"{name}: the scale varies within a channel; only one factor per output channel folds "
+                           "into the convolution before it")
+        scale = per_channel[:, 0]
+    kernel, bias = weights[-1]
+    weights[-1] = (kernel * scale, bias * scale)
+
+
 def _neuron_spec(name: str, node, dt: float) -> dict[str, Any]:
+    if isinstance(node, nir.I):
+        if not np.isclose(_uniform(node.r, f"{name}: r") * dt, 1.0, rtol=1e-6):
+            raise NIRError(f"{name}: I with r={_uniform(node.r, f'{name}: r')} at dt={dt}; NonSpikingIFNode adds its "
+                           "input (r = 1/dt): pass the dt the graph was written with")
+        return {"kind": "neuron", "type": "NonSpikingIFNode"}
+    if isinstance(node, nir.LI):
+        tau = _uniform(node.tau, f"{name}: tau") / dt
+        if not tau > 1.0:
+            raise NIRError(f"{name}: LI tau/dt = {tau} must be > 1 (pass the dt the graph was written with)")
+        if not np.isclose(_uniform(node.r, f"{name}: r"), 1.0, rtol=1e-6):
+            raise NIRError(f"{name}: LI r must be 1 (NonSpikingLIFNode: V + (X - V) / tau)")
+        _zero_leak(name, node)
+        return {"kind": "neuron", "type": "NonSpikingLIFNode", "tau": tau}
     v_threshold = _uniform(node.v_threshold, f"{name}: v_threshold")
     v_reset = _uniform(node.v_reset, f"{name}: v_reset")
     extra = _training_settings(node)
+    if isinstance(node, nir.CubaLIF):
+        seconds = {key: _uniform(getattr(node, key), f"{name}: {key}") for key in ("tau_syn", "tau_mem")}
+        taus = {key: tau / dt for key, tau in seconds.items()}
+        for key, steps in taus.items():
+            if not steps >= 1.0:
+                raise NIRError(f"{name}: CubaLIF {key}/dt = {steps} must be >= 1 (a decay in [0, 1); pass the dt the "
+                               "graph was written with)")
+        for key, want, tau in (("w_in", "tau_syn/dt", taus["tau_syn"]), ("r", "tau_mem/dt", taus["tau_mem"])):
+            got = _uniform(getattr(node, key), f"{name}: {key}")
+            if not np.isclose(got, tau, rtol=1e-6):
+                raise NIRError(f"{name}: CubaLIF {key}={got} must be {want}={tau} (CUBALIFNode adds its input to the "
+                               "current, and the current to the potential, unscaled)")
+        _zero_leak(name, node)
+        return {"kind": "neuron", "type": "CUBALIFNode", "c_decay": 1.0 - dt / seconds["tau_syn"],
+                "v_decay": 1.0 - dt / seconds["tau_mem"], "v_threshold": v_threshold, "v_reset": v_reset, **extra}
     r = _uniform(node.r, f"{name}: r")
     if isinstance(node, nir.IF):
         if not np.isclose(r * dt, 1.0, rtol=1e-6):
@@ -435,3 +526,9 @@ def _neuron_spec(name: str, node, dt: float) -> dict[str, Any]:
         raise NIRError(f"{name}: LIF v_leak must equal v_reset (snnjax leaks towards the reset potential)")
     return {"kind": "neuron", "type": "LIF", "tau": tau, "decay_input": decay_input, "v_threshold": v_threshold,
             "v_reset": v_reset, **extra}
+
+
+def _zero_leak(name: str, node) -> None:
+    if _uniform(node.v_leak, f"{name}: v_leak") != 0.0:
+        target = "CUBALIFNode" if isinstance(node, nir.CubaLIF) else "NonSpikingLIFNode"
+        raise NIRError(f"{name}: {type(node).__name__} v_leak must be 0 ({target}, which it maps to, leaks towards 0)")

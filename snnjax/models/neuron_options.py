@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from snnjax.neurons import IFNode, LIFNode, OTTTLIFNode, ParametricLIFNode, SLTTLIFNode, catalogue
+from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 
 NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": ParametricLIFNode,
@@ -34,7 +35,8 @@ NEURONS: dict[str, type[BaseNode]] = {"IF": IFNode, "LIF": LIFNode, "PLIF": Para
                                       "OTTTLIFNode": OTTTLIFNode, "SLTTLIFNode": SLTTLIFNode}
 # The neuron keywords a config may set (the constructors' ``**kwargs``), with their types for an unset (None) value.
 KEYWORD_TYPES: dict[str, type] = {"tau": float, "init_tau": float, "decay_input": bool, "v_threshold": float,
-                                  "v_reset": float, "surrogate_function": str, "detach_reset": bool}
+                                  "v_reset": float, "surrogate_function": str, "detach_reset": bool,
+                                  "c_decay": float, "v_decay": float}  # the last two: CUBALIFNode's
 _HINTS = {"backend": "snnjax picks the neuron implementation with impl= (model.neuron_impl in a config)",
           "tau": "ParametricLIFNode's initial time constant is init_tau; IFNode has none",
           "init_tau": "init_tau is ParametricLIFNode's; LIFNode takes tau, IFNode neither"}
@@ -67,6 +69,19 @@ def _check_keywords(cls: type[BaseNode], kwargs: Mapping[str, Any], model: str) 
     if kwargs.get("step_mode", "m") != "m":
         raise ValueError(f"{model}: step_mode={kwargs['step_mode']!r}; the zoo's neurons are multi-step "
                          "(step_mode='m', input [T, N, ...])")
+
+
+def from_spec(spec: Mapping[str, Any], where: str) -> BaseNode:
+    """The multi-step neuron of ``spec``, ``{"type": NAME, **keywords}``: ``NAME`` one of ``NEURONS`` (default
+    ``"LIF"``), the keywords the class's (a surrogate may be given by name). ``where`` names the spec in errors."""
+    spec = dict(spec)
+    name = spec.pop("type", "LIF")
+    if name not in NEURONS:
+        raise ValueError(f"{where}: type {name!r} is not one of {sorted(NEURONS)}")
+    if isinstance(spec.get("surrogate_function"), str):
+        spec["surrogate_function"] = sg.get(spec["surrogate_function"])
+    _check_keywords(NEURONS[name], spec, where)
+    return NEURONS[name](**{**spec, "step_mode": "m"})
 
 
 @dataclasses.dataclass(frozen=True)

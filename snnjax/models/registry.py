@@ -4,9 +4,10 @@ Each model file registers its names (``register``) with its constructor and how 
 sizes follow from the data (:class:`DataShape`), so the trainer needs no per-model code: a new family
 registers from its own file (imported by ``snnjax.models``).
 
-Config values: ``spiking_neuron`` is a neuron name (``IF``, ``LIF``, ``PLIF``); ``surrogate_function`` a
-surrogate name (``"atan"``); a neuron keyword left None is not given (the neuron's or the model's default
-applies), except ``v_reset``, where None is the soft reset (its config default is 0.0, every neuron's own).
+Config values: ``spiking_neuron`` is a neuron name (``IF``, ``LIF``, ``PLIF``, a catalogue class's name);
+``surrogate_function`` a surrogate name (``"atan"``); a neuron keyword left None is not given (the neuron's or the
+model's default applies), except ``v_reset``, where None is the soft reset (its config default is 0.0, every
+neuron's own; not given to a neuron class without the keyword, such as the ``NonSpiking*`` readouts).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import ml_collections
 from flax import nnx
 
-from snnjax.models.neuron_options import KEYWORD_TYPES
+from snnjax.models.neuron_options import KEYWORD_TYPES, neuron_class
 from snnjax.neurons import IMPLS, set_impl
 from snnjax.neurons import surrogate as sg
 
@@ -181,6 +182,10 @@ def create_model(name: str, kwargs: Mapping[str, Any], *, rngs: nnx.Rngs, dtype=
         kwargs["surrogate_function"] = sg.get(kwargs["surrogate_function"])
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()
               if not (k in KEYWORD_TYPES and k != "v_reset" and v is None)}
+    chosen = neuron_class(kwargs.get("spiking_neuron"))
+    if chosen is not None and kwargs.get("v_reset") == 0.0 and \
+            "v_reset" not in inspect.signature(chosen.__init__).parameters:
+        del kwargs["v_reset"]  # the config's default, for a neuron without one (NonSpikingLIFNode, ILIFNode, ...)
     model = REGISTRY[name].build(**kwargs, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     set_impl(model, impl)
     return model

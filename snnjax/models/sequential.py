@@ -44,9 +44,8 @@ from flax import nnx
 
 from snnjax.layers import AvgPool2d, BatchNorm, Flatten, MaxPool2d, conv2d, dropout, linear
 from snnjax.models import remat
-from snnjax.models.neuron_options import NEURONS
+from snnjax.models.neuron_options import from_spec
 from snnjax.models.units import Unit, run_units
-from snnjax.neurons import surrogate as sg
 from snnjax.neurons.modules import BaseNode
 from snnjax.neurons.online import call_layer
 
@@ -154,10 +153,5 @@ def _build(i: int, spec: dict, shape: tuple[int, ...], rngs, dtype, param_dtype)
         return Flatten(spec.get("order", "hwc")), (math.prod(shape),)
     if kind == "dropout":
         return dropout(0.0), shape
-    neuron = spec.pop("type", "LIF")
-    if neuron not in NEURONS:
-        raise ValueError(f"{where}: type {neuron!r} is not one of {sorted(NEURONS)}")
-    if isinstance(spec.get("surrogate_function"), str):
-        spec["surrogate_function"] = sg.get(spec["surrogate_function"])
-    return NEURONS[neuron](step_mode="m", **spec), shape
+    return from_spec(spec, where), shape
 
