@@ -1,5 +1,6 @@
 """What several test modules share (tests/ is on the tests' ``sys.path``; a test module never imports another).
 
+* ``suite_cases``: the suite's covering subset of a combination matrix (``SNNJAX_ALL_CASES=1``: every case).
 * Paths and processes: ``ROOT``, ``load_config``, ``child_env``, ``launch_cmd``, ``start_until_checkpoint``.
 * Layout equivalence (float64, against one device): ``layout_model``, ``initial_state``, ``three_steps``,
   ``train_layout`` (plan, three Adam steps, unpack) and ``assert_same_training`` (loss, gradients, parameters,
@@ -44,6 +45,17 @@ from snnjax.train import config as config_lib
 from snnjax.train.step import TrainState, split_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The suite runs on 2 cores within 12 minutes: of a matrix of combinations (model family x layout x schedule, ...)
+# it runs a covering subset in which every value of every factor appears at least once; SNNJAX_ALL_CASES=1 runs
+# every combination (by hand, before a change to the layouts, pipeline or zoo lands; about 25 minutes on 2 cores).
+ALL_CASES = os.environ.get("SNNJAX_ALL_CASES") == "1"
+
+
+def suite_cases(every: Sequence, suite: Sequence) -> list:
+    """``every`` under ``SNNJAX_ALL_CASES=1``, else ``suite`` (each of its cases must be one of ``every``)."""
+    missing = [case for case in suite if case not in every]
+    assert not missing, f"suite cases not in the matrix: {missing}"
+    return list(every) if ALL_CASES else list(suite)
 
 # ----------------------------------------------------------------------------- paths and processes
 

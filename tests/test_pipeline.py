@@ -8,7 +8,8 @@ encoding, attention blocks and head as units; attention heads on tensor): the in
 on stage=2 x data=2 x tensor=2, two virtual stages per device. Each must give the single-device loss
 and gradients of the first step (``train_step`` with ``grad_accum_steps = M``, no checkpointing),
 and after three Adam steps the same parameters, optimizer state and BatchNorm statistics (relative
-error <= 1e-9).
+error <= 1e-9). The suite runs the cover ``CASES`` (each schedule, mesh and model at least once);
+``SNNJAX_ALL_CASES=1`` every case.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import BATCH, COMPILER_OPTIONS, TOL, assert_same_training, initial_state, rel, train_layout
+from helpers import BATCH, COMPILER_OPTIONS, TOL, assert_same_training, initial_state, rel, suite_cases, train_layout
 
 from snnjax import parallel
 from snnjax.bench.pipeline import w_contractions
@@ -77,11 +78,15 @@ def _run(model_name: str, mesh_spec: str | None, schedule: str, microbatches: in
 # VGG: every schedule on stage=4 and on stage=2 x data=2 x tensor=2; on stage=2 with 4 microbatches, more than
 # stages, the schedules that then reuse their buffer slots (GPipe holds every microbatch's: nothing new there);
 # 1F1B with fsdp inside. Spikformer (the slowest to compile), its units unlike VGG's: interleaved, data x tensor.
-CASES = [("vgg", f"stage={s}", sched, 4, 2 if sched == "interleaved" else 1)
+EVERY = [("vgg", f"stage={s}", sched, 4, 2 if sched == "interleaved" else 1)
          for s in (2, 4) for sched in pipeline_plan.SCHEDULES if s == 4 or sched != "gpipe"]
-CASES += [("vgg", "stage=2,data=2,tensor=2", sched, 2, 2 if sched == "interleaved" else 1)
+EVERY += [("vgg", "stage=2,data=2,tensor=2", sched, 2, 2 if sched == "interleaved" else 1)
           for sched in pipeline_plan.SCHEDULES]
-CASES += [("vgg", "stage=2,fsdp=4", "1f1b", 2, 1), ("spikformer", "stage=2,data=2,tensor=2", "interleaved", 2, 2)]
+EVERY += [("vgg", "stage=2,fsdp=4", "1f1b", 2, 1), ("spikformer", "stage=2,data=2,tensor=2", "interleaved", 2, 2)]
+# The suite's cover: each schedule, each mesh, slot reuse (zero-bubble, the most buffers) and both models.
+CASES = suite_cases(EVERY, [("vgg", "stage=4", "gpipe", 4, 1), ("vgg", "stage=4", "interleaved", 4, 2),
+                            ("vgg", "stage=2", "zero_bubble", 4, 1), ("vgg", "stage=2,data=2,tensor=2", "1f1b", 2, 1),
+                            ("vgg", "stage=2,data=2,tensor=2", "zero_bubble", 2, 1), EVERY[-2], EVERY[-1]])
 
 
 @pytest.mark.parametrize("model_name,mesh_spec,schedule,microbatches,virtual", CASES)
@@ -96,9 +101,10 @@ def test_pipeline_matches_single_device(model_name, mesh_spec, schedule, microba
 def test_zero_bubble_under_each_remat_policy_matches_single_device(policy):
     """The B/W split reaches the contractions inside the checkpointed units: each stage's W runs as many as without
     checkpointing (none before the split inlined the checkpointed bodies), and training equals one device's (under
-    ``units`` and the per-unit mix of every policy; the others are traced only, the suite's time)."""
+    the per-unit mix of every policy, and under ``units`` with ``SNNJAX_ALL_CASES=1``; the others are traced only,
+    the suite's time)."""
     assert _w_contractions(policy) == _w_contractions("none") and min(_w_contractions("none")) > 0
-    if policy not in ("units", "mix"):
+    if policy not in suite_cases(("units", "mix"), ("mix",)):
         return
     ref_first, ref_state, _, _ = _run("vgg", None, "", 2)
     first, state, _, _ = _run("vgg", "stage=2", "zero_bubble", 2, 1, policy)

@@ -13,7 +13,7 @@ smallest real model of each other family but CIFAR10DVSVGG, whose full widths at
 ResNet is SEW-ResNet's class, checked at small widths by ``test_zoo.py``; QKFormer, whose 64x64 default takes
 ~20 s, is checked against SpikingJelly at small widths by ``test_zoo_transformers.py`` and its keyword defaults
 by ``test_zoo_defaults.py``);
-``SNNJAX_ALL_CALLS=1 python -m pytest -q -n 0 tests/test_zoo_calls.py`` runs every call (each ResNet depth,
+``SNNJAX_ALL_CASES=1 python -m pytest -q -n 0 tests/test_zoo_calls.py`` runs every call (each ResNet depth,
 every family's default and explicit-neuron calls, the 128x128 nets; about
 20 minutes on 2 busy cores, the 128x128 nets and the VGG most of it). ``KNOWN_MISMATCHES`` lists the calls whose
 model is not yet SpikingJelly's (strict xfail). Tolerance: ``snnjax.interop.check.TOLERANCE`` (1e-8 normwise
@@ -22,7 +22,6 @@ relative; the largest error seen on a passing call is 1.03e-9, MS-ResNet-34's ``
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ import optax
 import pytest
 from conftest import jax_setting
 from flax import nnx
+from helpers import ALL_CASES
 from seeded import seeded_uniform
 
 import snnjax.models as zoo
@@ -41,7 +41,6 @@ from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import rel_error
 
 CALLS = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "calls.npz"
-ALL = os.environ.get("SNNJAX_ALL_CALLS") == "1"
 TOLERANCE = check.TOLERANCE
 # calls whose snnjax model differs from SpikingJelly's (a finding: strict xfail, it must fail until fixed)
 KNOWN_MISMATCHES: dict[str, str] = {}
@@ -60,7 +59,7 @@ def _fixture():
 
 
 def _names():
-    return [n for n, c in _fixture()[0].items() if c["suite"] or ALL]
+    return [n for n, c in _fixture()[0].items() if c["suite"] or ALL_CASES]
 
 
 def _value(v):

@@ -6,7 +6,9 @@ three Adam steps under dp, fsdp_tp, a 1F1B pipeline over stage=2 with data x ten
 device with the same microbatching), and time x data x tensor: the first step's loss and gradients and
 the parameters, optimizer state and BatchNorm statistics after three steps equal one device's
 (relative error <= 1e-9, compared by ``helpers.assert_same_training``). Per-unit activation
-checkpointing keeps each family's loss and gradients. Programs compile with ``conftest.quick_compiles``.
+checkpointing keeps each family's loss and gradients. The suite runs a cover of these pairs (each family under two
+layouts, each layout at least once, each checkpointing policy once); ``SNNJAX_ALL_CASES=1`` every pair. Programs compile
+with ``conftest.quick_compiles``.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import BATCH, assert_same_training, initial_state, train_layout
+from helpers import BATCH, assert_same_training, initial_state, suite_cases, train_layout
 
 from snnjax.models import MSResNet, ParametricLIFNet, ResNet, remat
 from snnjax.neurons import ATan, ParametricLIFNode
@@ -80,7 +82,10 @@ def _run(family: str, layout: str | None, accum: int = 1, checkpointed: bool = F
 
 # pp and the time split each with data x tensor inside (the combination), besides dp and fsdp_tp.
 LAYOUTS = ["data=8:dp", "fsdp=4,tensor=2:fsdp_tp", "stage=2,data=2,tensor=2:pp", "time=2,data=2,tensor=2"]
-CASES = [(f, layout) for f in ("sew_resnet", "plif_net", "ms_resnet") for layout in LAYOUTS]
+# The suite's cover: every family under two layouts, every layout at least once (SNNJAX_ALL_CASES=1: each pair).
+CASES = suite_cases([(f, layout) for f in ("sew_resnet", "plif_net", "ms_resnet") for layout in LAYOUTS],
+                    [("sew_resnet", LAYOUTS[2]), ("sew_resnet", LAYOUTS[3]), ("plif_net", LAYOUTS[0]),
+                     ("plif_net", LAYOUTS[3]), ("ms_resnet", LAYOUTS[1]), ("ms_resnet", LAYOUTS[2])])
 
 
 @pytest.mark.parametrize("family,layout", CASES)
@@ -91,7 +96,7 @@ def test_layout_matches_single_device(family, layout):
     assert_same_training(first, state, ref_first, ref_state)
 
 
-@pytest.mark.parametrize("family", list(CHECKPOINTING))
+@pytest.mark.parametrize("family", suite_cases(list(CHECKPOINTING), ["sew_resnet", "ms_resnet"]))  # both policies
 def test_units_checkpointing_keeps_the_loss_and_gradients(family):
     """Per-unit activation checkpointing (``remat``, spikes kept compressed): the first train step on one device
     (train-mode BatchNorm, dropout on) gives the loss and gradients of the reference above, every gradient non-zero

@@ -10,7 +10,8 @@ same 2 microbatches on one device), and temporal parallelism with data and tenso
 and BatchNorm statistics after three Adam steps, must equal one device's (relative error <= 1e-9,
 compared by ``helpers.assert_same_training``). The same one-device reference checks activation
 checkpointing: every unit under ``remat=spikes`` with spikes kept as bits gives its first step's loss
-and gradients. Programs compile with ``conftest.quick_compiles``.
+and gradients. Programs compile with ``conftest.quick_compiles``. The suite runs each model under two of the
+layouts, each layout once; ``SNNJAX_ALL_CASES=1`` every pair.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import BATCH, assert_same_training, initial_state, train_layout
+from helpers import BATCH, assert_same_training, initial_state, suite_cases, train_layout
 
 from snnjax import layers
 from snnjax.models import QKFormer, SpikeDrivenTransformer, remat
@@ -76,8 +77,10 @@ def _run(name: str, layout: str | None, microbatches: int = 1, checkpointed: boo
     return first, state
 
 
-@pytest.mark.parametrize("name", ["sdt", "qkformer"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# The suite's cover: each model under two layouts, each layout once (SNNJAX_ALL_CASES=1: each pair).
+@pytest.mark.parametrize("name,layout", suite_cases(
+    [(name, layout) for layout in LAYOUTS for name in ("sdt", "qkformer")],
+    [("qkformer", "fsdp_tp"), ("qkformer", "time_data_tensor"), ("sdt", "dp"), ("sdt", "pp_data_tensor")]))
 def test_layout_matches_single_device(name, layout):
     (first, state), (ref_first, ref_state) = _run(name, layout), _run(name, None, LAYOUTS[layout][2])
     assert_same_training(first, state, ref_first, ref_state)

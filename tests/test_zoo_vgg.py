@@ -5,8 +5,8 @@ full-size models on 32 x 32 images; their weights are regenerated here from the 
 PCG64 streams) and imported as a SpikingJelly ``state_dict``; the model is built with SpikingJelly's constructor
 call (``spiking_vgg11_bn(spiking_neuron=LIFNode, tau=2.0, ...)``). Eval and train logits, loss, every gradient (whole
 for small tensors, four layout-independent numbers for large ones) and the BatchNorm statistics after the train
-forward are compared in float64. The suite checks ``SUITE`` (one model with BatchNorm, one without: each holds
-about 1 GB of float64 weights); ``SNNJAX_VGG_CASES=all`` checks every case of the file.
+forward are compared in float64. The suite checks ``spiking_vgg11_bn`` (about 1 GB of float64 weights);
+``SNNJAX_ALL_CASES=1`` checks every case of the file.
 
 The layouts: a small VGG (three conv blocks, so its features leave the last conv channel-split) trains two
 Adam steps under FSDP x tensor and a two-stage pipeline exactly as on one device (float64).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import optax
 import pytest
 from conftest import REFERENCE_DIR
 from flax import nnx
+from helpers import suite_cases
 from seeded import seeded_uniform
 
 import snnjax
@@ -41,8 +41,7 @@ pytestmark = pytest.mark.usefixtures("quick_compiles_module")
 
 FIXTURE = REFERENCE_DIR / "vgg.npz"
 META = json.loads(FIXTURE.with_suffix(".json").read_text())
-SUITE = ("spiking_vgg11", "spiking_vgg11_bn")
-CASES = sorted(META) if os.environ.get("SNNJAX_VGG_CASES") == "all" else SUITE
+CASES = suite_cases(sorted(META), ("spiking_vgg11_bn",))
 TOL = 1e-10
 # torchvision's VGG parameter counts (IF neurons have none), 1000 classes
 TORCHVISION = {"spiking_vgg11": 132_863_336, "spiking_vgg11_bn": 132_868_840, "spiking_vgg13": 133_047_848,
