@@ -60,17 +60,13 @@ def run(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, state0: dict, w
     """``(outs [T, ...], v_seq [T, ...] or None, final state dict)`` from the start state dict ``state0`` (state
     dtype; ``{"v": V}`` for IF / LIF / PLIF). Differentiable in ``x_seq``, ``state0`` and ``w``."""
     if isinstance(neuron, B.NeuronConfig):
-        cfg = neuron
+        B.check_decay_param(neuron, w)
+        neuron, w = B.as_step_neuron(neuron, w), B.step_params(neuron, w)
+    sdt = B.state_dtype(x_seq.dtype)
 
-        def step(x, state, w):
-            s, v = B.step(cfg, x, state["v"], w)
-            return s, {"v": v}
-    else:
-        sdt = B.state_dtype(x_seq.dtype)
-
-        def step(x, state, w):
-            out, state = neuron.step(x.astype(sdt), state, w)
-            return out.astype(x.dtype), state
+    def step(x, state, w):
+        out, state = neuron.step(x.astype(sdt), state, w)
+        return out.astype(x.dtype), state
 
     return _scan(step, return_v_seq, x_seq, state0, w)
 

@@ -27,7 +27,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
-from snnjax.neurons.kernels.native import build
+from snnjax.neurons.kernels.native import build, step
 
 _SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3, sg.Rect: 4}
 _KIND_IDS = {"IF": 0, "LIF": 1, "PLIF": 2}
@@ -38,8 +38,10 @@ _SCRATCH_VALUES = 131072
 _CHUNK_MIN, _CHUNK_MAX = 256, 8192
 
 
-def unsupported_reason(cfg: B.NeuronConfig, shape, dtype) -> str | None:
+def unsupported_reason(cfg: B.NeuronConfig | B.StepNeuron, shape, dtype) -> str | None:
     """Why the native kernels cannot run this neuron call (None if they can)."""
+    if isinstance(cfg, B.StepNeuron):
+        return step.unsupported_reason(cfg, shape, dtype)
     dtype = jnp.dtype(dtype)
     if type(cfg.surrogate) not in _SURROGATE_IDS or not cfg.surrogate.spiking:
         return (f"surrogate {cfg.surrogate!r} is not one the C++ kernels compute (those: "
@@ -57,12 +59,17 @@ def chunk_size(t: int, m: int) -> int:
     return max(1, min(chunk, m))
 
 
-def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False):
-    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the native kernels.
+def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
+              return_v_seq: bool = False):
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the native kernels: the hand-written
+    ones for IF / LIF / PLIF, the ones generated from the step for a ``StepNeuron`` (``step.multistep``; ``w`` its
+    params pytree).
 
     Raises ValueError where they cannot run this call, NativeBuildError where they cannot
     be built.
     """
+    if isinstance(cfg, B.StepNeuron):
+        return step.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype)
