@@ -326,16 +326,20 @@ def source(f_jaxpr, b_jaxpr, n_s: int, n_p: int, dtype, tag: str) -> str:
     re_loop = _lane_loop(dtype, f_jaxpr, ["xt[i]", *states, *prm], recompute_store)
     bwd_loop = {d: _lane_loop(dtype, b_jaxpr, bwd_args(d), bwd_store) for d in (False, True)}
     restrict = "F* __restrict__"
+
+    def start(k):  # [S, M] per neuron, or [S] (shared): one start per state variable for every neuron
+        return f"shared ? init[{k}] : init[{k} * M + lo + i]"
+
     lines = [
         *_PREAMBLE,
         f"typedef {ctype} F;",
         f'extern "C" void snn_step_fwd_{tag}(int64_t T, int64_t M, int64_t lo, int64_t hi, const void* xv,',
-        "    const void* s0v, const void* pv, void* outv, void* vseqv, void* lastv, void* workv) {",
+        "    const void* s0v, const void* pv, void* outv, void* vseqv, void* lastv, void* workv, int64_t shared) {",
         "  const F* x = (const F*)xv; const F* init = (const F*)s0v; const F* p = (const F*)pv;",
         "  F* out = (F*)outv; F* vseq = (F*)vseqv; F* last = (F*)lastv; F* work = (F*)workv;",
         "  const int64_t n = hi - lo;", *[f"  {h}" for h in head],
         *[f"  {restrict} st{k} = work + {k} * n;" for k in S],
-        *[f"  for (int64_t i = 0; i < n; ++i) st{k}[i] = init[{k} * M + lo + i];" for k in S],
+        *[f"  for (int64_t i = 0; i < n; ++i) st{k}[i] = {start(k)};" for k in S],
         "  for (int64_t t = 0; t < T; ++t) {",
         "    const F* __restrict__ xt = x + t * M + lo; F* __restrict__ ot = out + t * M + lo;",
         "    if (vseq) {", "    F* __restrict__ vt = vseq + t * M + lo;", *fwd_loop[True], "    } else {",
@@ -344,7 +348,7 @@ def source(f_jaxpr, b_jaxpr, n_s: int, n_p: int, dtype, tag: str) -> str:
         "}",
         f'extern "C" void snn_step_bwd_{tag}(int64_t T, int64_t M, int64_t lo, int64_t hi, const void* xv,',
         "    const void* s0v, const void* pv, const void* doutv, const void* dvseqv, const void* dlastv,",
-        "    void* dxv, void* ds0v, void* dpv, void* workv) {",
+        "    void* dxv, void* ds0v, void* dpv, void* workv, int64_t shared) {",
         "  const F* x = (const F*)xv; const F* init = (const F*)s0v; const F* p = (const F*)pv;",
         "  const F* dout = (const F*)doutv; const F* dvseq = (const F*)dvseqv; const F* dlast = (const F*)dlastv;",
         "  F* dx = (F*)dxv; F* ds0 = (F*)ds0v; F* dp = (F*)dpv; F* work = (F*)workv;",
@@ -353,7 +357,7 @@ def source(f_jaxpr, b_jaxpr, n_s: int, n_p: int, dtype, tag: str) -> str:
         *[f"  {restrict} st{k} = rest + {k} * n;" for k in S],
         *[f"  {restrict} d{k} = rest + {n_s + k} * n;" for k in S],
         *[f"  {restrict} g{j} = rest + {2 * n_s + j} * n;" for j in P],
-        *[f"  for (int64_t i = 0; i < n; ++i) st{k}[i] = init[{k} * M + lo + i];" for k in S],
+        *[f"  for (int64_t i = 0; i < n; ++i) st{k}[i] = {start(k)};" for k in S],
         "  for (int64_t t = 0; t < T; ++t) {  // the states before each step",
         "    const F* __restrict__ xt = x + t * M + lo;",
         *[f"    {restrict} h{k} = hist + (t * {n_s} + {k}) * n;" for k in S],
@@ -366,7 +370,9 @@ def source(f_jaxpr, b_jaxpr, n_s: int, n_p: int, dtype, tag: str) -> str:
         *[f"    const F* __restrict__ h{k} = hist + (t * {n_s} + {k}) * n;" for k in S],
         "    if (dvseq) {", "    const F* __restrict__ dvt = dvseq + t * M + lo;", *bwd_loop[True],
         "    } else {", *bwd_loop[False], "    }", "  }",
+        "  if (!shared) {",
         *[f"  for (int64_t i = 0; i < n; ++i) ds0[{k} * M + lo + i] = d{k}[i];" for k in S],
+        "  }",
         *[f"  {{ F acc = F(0); for (int64_t i = 0; i < n; ++i) acc += g{j}[i]; dp[{j}] = acc; }}" for j in P],
         "}",
     ]

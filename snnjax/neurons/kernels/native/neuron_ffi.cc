@@ -7,7 +7,7 @@
 // written 0); a scalar dv is a zero cotangent. Neurons are split into chunks of `chunk`
 // (an attribute), run on XLA's intra-op thread pool; dk holds each chunk's PLIF partial sum.
 //
-// SnnStepForward{F32,F64}(x [T, M], s0 [S, M], p [P]) -> (out [T, M], v [T, M] or [1], last [S, M])
+// SnnStepForward{F32,F64}(x [T, M], s0 [S, M] or [S], p [P]) -> (out [T, M], v [T, M] or [1], last [S, M])
 // SnnStepBackward{F32,F64}(x, s0, p, dout [T, M], dv [T, M] or [1] (a zero), dlast [S, M])
 //     -> (dx [T, M], ds0 [S, M], dp [chunks, P])
 // run a neuron given by its single step (S state variables, "v" first, P scalar parameters) through the
@@ -177,13 +177,14 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0,
 
 // --- neurons given by their single step: generated chunk functions, looked up by key --------------------
 
-// fwd(T, M, lo, hi, x, s0, p, out, v_seq or null, last, scratch); bwd(T, M, lo, hi, x, s0, p, dout, dv_seq or
-// null, dlast, dx, ds0, dp, scratch): one chunk of neurons [lo, hi), every array in the kernel's float type;
-// scratch holds `scratch` values (an attribute the generator sets), uninitialised.
+// fwd(T, M, lo, hi, x, s0, p, out, v_seq or null, last, scratch, shared); bwd(T, M, lo, hi, x, s0, p, dout,
+// dv_seq or null, dlast, dx, ds0, dp, scratch, shared): one chunk of neurons [lo, hi), every array in the
+// kernel's float type; scratch holds `scratch` values (an attribute the generator sets), uninitialised. s0 is
+// [S, M], or [S] (shared = 1): one start per state variable for every neuron, whose ds0 (a constant's) is 0.
 using StepForwardFn = void (*)(int64_t, int64_t, int64_t, int64_t, const void*, const void*, const void*, void*,
-                               void*, void*, void*);
+                               void*, void*, void*, int64_t);
 using StepBackwardFn = void (*)(int64_t, int64_t, int64_t, int64_t, const void*, const void*, const void*,
-                                const void*, const void*, const void*, void*, void*, void*, void*);
+                                const void*, const void*, const void*, void*, void*, void*, void*, int64_t);
 struct StepFns {
   StepForwardFn fwd;
   StepBackwardFn bwd;
@@ -217,9 +218,10 @@ ffi::Error StepForward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> 
   const int64_t T = x.dimensions()[0], M = x.dimensions()[1];
   const F *xd = x.typed_data(), *s0d = s0.typed_data(), *pd = p.typed_data();
   F *od = out->typed_data(), *vd = v_seq ? v->typed_data() : nullptr, *ld = last->typed_data();
+  const int64_t shared = s0.dimensions().size() == 1;
   ParallelChunks<F>(pool, (M + chunk - 1) / chunk, scratch, [=](int64_t c, F* work) {
     const int64_t lo = c * chunk;
-    fns.fwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, od, vd, ld, work);
+    fns.fwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, od, vd, ld, work, shared);
   });
   return ffi::Error::Success();
 }
@@ -238,9 +240,11 @@ ffi::Error StepBackward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT>
   const F *xd = x.typed_data(), *s0d = s0.typed_data(), *pd = p.typed_data(), *dod = dout.typed_data();
   const F *dvd = dv.dimensions().size() == 2 ? dv.typed_data() : nullptr, *dld = dlast.typed_data();
   F *dxd = dx->typed_data(), *ds0d = ds0->typed_data(), *dpd = dp->typed_data();
+  const int64_t shared = s0.dimensions().size() == 1;
+  if (shared) std::fill(ds0d, ds0d + s0.element_count(), F(0));
   ParallelChunks<F>(pool, (M + chunk - 1) / chunk, scratch, [=](int64_t c, F* work) {
     const int64_t lo = c * chunk;
-    fns.bwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, dod, dvd, dld, dxd, ds0d, dpd + c * P, work);
+    fns.bwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, dod, dvd, dld, dxd, ds0d, dpd + c * P, work, shared);
   });
   return ffi::Error::Success();
 }

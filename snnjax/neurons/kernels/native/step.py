@@ -2,9 +2,11 @@
 
 ``multistep(neuron, x_seq, v_init, params, *, return_v_seq)`` has the contract of ``scan.multistep`` for a
 ``base.StepNeuron`` (``snnjax.neurons.kernels.native.neuron.multistep`` hands step neurons here). The state
-variables enter as one ``[S, M]`` array (``"v"`` first; ``v_init`` broadcast), the scalar parameters as one
-``[P]`` row; the backward (``custom_vjp``) recomputes the states from X and the start state, so nothing
-``[T, M]``-sized is stored but X. Gradients flow to ``x_seq``, ``v_init`` (every state variable) and the params.
+variables enter as one ``[S, M]`` array (``"v"`` first; ``v_init`` broadcast), or as ``[S]`` without ``v_init``
+(the fresh state, the same for every neuron: nothing ``[M]``-sized read, no gradient written), the scalar
+parameters as one ``[P]`` row; the backward (``custom_vjp``) recomputes the states from X and the start state,
+so nothing ``[T, M]``-sized is stored but X. Gradients flow to ``x_seq``, ``v_init`` (every state variable) and
+the params.
 """
 from __future__ import annotations
 
@@ -43,9 +45,12 @@ def multistep(neuron: B.StepNeuron, x_seq: jax.Array, v_init=None, params=None, 
     x_seq = jnp.asarray(x_seq)
     sdt = B.state_dtype(x_seq.dtype)
     kernel = codegen.kernel(neuron, sdt)
-    state0 = scan.initial_state(neuron, x_seq, v_init)
     T, trailing = x_seq.shape[0], x_seq.shape[1:]
-    s0 = jnp.stack([state0[name].reshape(-1) for name in kernel.names])
+    if v_init is None:  # one start per state variable for every neuron: no [S, M] array read, no gradient
+        s0 = jnp.asarray([fresh for _, fresh in neuron.fresh], sdt)
+    else:
+        state0 = scan.initial_state(neuron, x_seq, v_init)
+        s0 = jnp.stack([state0[name].reshape(-1) for name in kernel.names])
     leaves = jax.tree.leaves(params)
     prm = jnp.stack([jnp.asarray(a).reshape(()) for a in leaves]) if leaves else jnp.zeros((0,), sdt)
     out, v_seq, last = _fused(kernel, return_v_seq, x_seq.reshape(T, -1).astype(sdt), s0, prm)
@@ -74,7 +79,7 @@ def _forward(kernel, return_v_seq, x, s0, prm):
     call = jax.ffi.ffi_call(build.TARGETS["step_forward"][x.dtype.name],
                             (jax.ShapeDtypeStruct((T, M), x.dtype),
                              jax.ShapeDtypeStruct((T, M) if return_v_seq else (1,), x.dtype),
-                             jax.ShapeDtypeStruct(s0.shape, x.dtype)))
+                             jax.ShapeDtypeStruct((s0.shape[0], M), x.dtype)))
     return tuple(call(x, s0, prm, **_attrs(kernel, return_v_seq, T, M)))
 
 
@@ -92,7 +97,7 @@ def _fused_bwd(kernel, return_v_seq, res, cts):
     d_out = jnp.zeros_like(x) if isinstance(d_out, SymbolicZero) else d_out
     if isinstance(d_v_seq, SymbolicZero) or not return_v_seq:
         d_v_seq = jnp.zeros((1,), x.dtype)
-    d_last = jnp.zeros_like(s0) if isinstance(d_last, SymbolicZero) else d_last
+    d_last = jnp.zeros((s0.shape[0], M), x.dtype) if isinstance(d_last, SymbolicZero) else d_last
     attrs = _attrs(kernel, return_v_seq, T, M)
     chunks = -(-M // int(attrs["chunk"]))
     call = jax.ffi.ffi_call(build.TARGETS["step_backward"][x.dtype.name],
