@@ -148,7 +148,8 @@ def test_step_neurons_run_in_sequential_and_the_zoo_and_refuse_kernels():
     mlp = SpikingMLP(6, (8,), 3, spiking_neuron="CUBALIFNode", c_decay=0.3, rngs=rngs)
     assert mlp(x).shape[-1] == 3
     assert {type(m) for _, m in nnx.iter_modules(mlp) if isinstance(m, BaseNode)} == {CUBALIFNode}
-    assert neurons.set_impl(mlp, "xla") == 0  # the xla kernels are for IF / LIF / PLIF: the CUBA-LIF keeps "auto"
+    assert neurons.set_impl(mlp, "xla") == 1  # the xla kernels are IF / LIF / PLIF's: the CUBA-LIF's pure-XLA path
+    assert {m.impl for _, m in nnx.iter_modules(mlp) if isinstance(m, BaseNode)} == {"scan"}
     klif = Sequential(layers.linear(6, 8, rngs=rngs), neurons.KLIFNode(step_mode="m"))  # SpikingJelly's names
     spikingjelly.import_state_dict(klif, {"0.weight": np.ones((8, 6)), "0.bias": np.zeros(8), "1.k": np.array(1.7)},
                                    dtype=jnp.float64)

@@ -219,6 +219,19 @@ def initial_state(cfg: NeuronConfig, shape, dtype) -> jax.Array:
     return jnp.full(shape, cfg.vr, state_dtype(dtype))
 
 
+def start_states(neuron: StepNeuron, x_seq: jax.Array, v_init=None) -> dict[str, jax.Array]:
+    """The start state ``{name: [...]}`` for ``x_seq [T, ...]`` in the state dtype: ``v_init`` (the membrane
+    potential, or a dict of some or all state variables, anything broadcastable), the rest fresh."""
+    sdt = state_dtype(x_seq.dtype)
+    given = v_init if isinstance(v_init, dict) else ({} if v_init is None else {"v": v_init})
+    names = [name for name, _ in neuron.fresh]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"v_init names state variables {unknown} that {neuron.name} does not have (it has {names})")
+    return {name: jnp.broadcast_to(jnp.asarray(given.get(name, fresh), sdt), x_seq.shape[1:])
+            for name, fresh in neuron.fresh}
+
+
 def broadcast_state(cfg: NeuronConfig, x_seq: jax.Array, v_init) -> jax.Array:
     """The start state for ``x_seq [T, ...]``: ``v_init`` (anything broadcastable) or the fresh state, ``[...]``."""
     sdt = state_dtype(x_seq.dtype)

@@ -285,16 +285,16 @@ class ParametricLIFNode(BaseNode):
 
 def set_impl(model: nnx.Module, impl: str) -> int:
     """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
-    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A kernel that runs the built-in IF / LIF / PLIF
-    only (``xla``, ``pallas``) reaches those alone; the others keep their own. Returns the number of neurons
-    changed."""
+    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A neuron given by its step (``kind`` None) takes
+    ``scan`` for ``xla`` (the hand-written XLA path is IF / LIF / PLIF's; ``scan`` is the step's own pure-XLA
+    path). Returns the number of neurons set."""
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
-    any_neuron = impl == "auto" or dispatch.IMPLEMENTATIONS[impl].any_neuron
     count = 0
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode) and (module.kind is not None or any_neuron):
-            module.impl = impl
+        if isinstance(module, BaseNode):
+            module.impl = impl if module.kind is not None or impl == "auto" or dispatch.IMPLEMENTATIONS[
+                impl].any_neuron else "scan"
             count += 1
     return count
 

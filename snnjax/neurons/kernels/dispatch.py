@@ -7,11 +7,14 @@ impl       what runs                                                            
 ``pallas`` fused multi-timestep kernels (``snnjax.neurons.kernels.pallas``); interpreted on a CPU  GPU (CPU: tests)
 ``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.neurons.kernels.native``)     CPU
 ``scan``   ``lax.scan`` of the single step, plain autodiff (``snnjax.neurons.kernels.scan``): any neuron  everywhere
-``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` otherwise (below)
+``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` (``scan`` for a step) otherwise (below)
 =========  ======================================================================  ===============
 
 The built-in IF / LIF / PLIF (a ``NeuronConfig``) run on every implementation; a neuron given by its single
-step (a ``base.StepNeuron``: the catalogue's, a user's) only on ``scan``, which ``auto`` picks for it.
+step (a ``base.StepNeuron``: the catalogue's, a user's) on ``scan`` and on the ``native`` / ``pallas`` kernels
+generated from its step (``native.codegen``, ``pallas.step``), which ``auto`` picks as for IF / LIF / PLIF, falling
+back to ``scan`` (with the warning) where the step cannot be generated, and choosing ``scan`` under a layout
+(the generated kernels have no sharding rule) and for T = 1.
 
 All give the same spikes and states, and gradients equal to rounding. This module and
 ``snnjax.neurons.kernels.sharded`` are the only ones that import the kernel packages; those import only
@@ -135,7 +138,7 @@ def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
-    ``auto`` picks ``scan`` for a ``StepNeuron`` (the only path it runs), otherwise see the module docstring.
+    See the module docstring for ``auto``.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

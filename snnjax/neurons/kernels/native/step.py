@@ -18,7 +18,6 @@ import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import base as B
-from snnjax.neurons.kernels import scan
 from snnjax.neurons.kernels.native import build, codegen
 
 
@@ -49,7 +48,7 @@ def multistep(neuron: B.StepNeuron, x_seq: jax.Array, v_init=None, params=None, 
     if v_init is None:  # one start per state variable for every neuron: no [S, M] array read, no gradient
         s0 = jnp.asarray([fresh for _, fresh in neuron.fresh], sdt)
     else:
-        state0 = scan.initial_state(neuron, x_seq, v_init)
+        state0 = B.start_states(neuron, x_seq, v_init)
         s0 = jnp.stack([state0[name].reshape(-1) for name in kernel.names])
     leaves = jax.tree.leaves(params)
     prm = jnp.stack([jnp.asarray(a).reshape(()) for a in leaves]) if leaves else jnp.zeros((0,), sdt)

@@ -21,7 +21,6 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.experimental import pallas as pl
 
 from snnjax.neurons import base as B
-from snnjax.neurons.kernels import scan
 from snnjax.neurons.kernels.pallas.forward import checkpoint_rows, chunks
 from snnjax.neurons.kernels.pallas.lanes import Lanes
 from snnjax.neurons.kernels.pallas.options import DEFAULT, KernelOptions
@@ -40,7 +39,7 @@ def multistep(neuron: B.StepNeuron, x_seq: jax.Array, v_init=None, params=None, 
               options: KernelOptions = DEFAULT):
     """``(outs [T, ...] in x's dtype, v)`` as ``scan.multistep``, computed by the step's Pallas kernels."""
     x_seq = jnp.asarray(x_seq)
-    state0 = scan.initial_state(neuron, x_seq, v_init)
+    state0 = B.start_states(neuron, x_seq, v_init)
     T, trailing = x_seq.shape[0], x_seq.shape[1:]
     s0 = jnp.stack([state0[name].reshape(-1) for name in neuron.names])
     leaves = [jnp.asarray(a).reshape(()) for a in jax.tree.leaves(params)]
