@@ -61,9 +61,7 @@ def multistep(neuron: B.StepNeuron, x_seq: jax.Array, v_init=None, params=None, 
 
 
 def _attrs(kernel: codegen.Kernel, return_v_seq: bool, T: int, M: int) -> dict:
-    from snnjax.neurons.kernels.native.neuron import chunk_size  # noqa: PLC0415 (neuron imports this module)
-
-    chunk = chunk_size(T * len(kernel.names), M)
+    chunk = build.chunk_size(T * len(kernel.names), M)
     return dict(key=np.int64(kernel.key), v_seq=return_v_seq, chunk=np.int64(chunk),
                 scratch=np.int64(codegen.scratch_values(T, len(kernel.names), kernel.n_params, chunk)))
 
