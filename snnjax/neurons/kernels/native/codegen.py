@@ -68,15 +68,12 @@ _IDENTITY = ("copy", "copy_p", "stop_gradient", "broadcast_in_dim", "reshape", "
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """A generated, compiled and registered kernel: its registry ``key``, the state names (``"v"`` first), the
-    number of scalar parameters and the params' tree structure (to rebuild their gradients)."""
+    """A generated, compiled and registered kernel: its registry ``key``, the state names (``"v"`` first) and the
+    number of scalar parameters."""
 
     key: int
     names: tuple[str, ...]
     n_params: int
-    treedef: object
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[object, ...]
 
 
 def _literal(value, ctype: str) -> str:
@@ -258,8 +255,9 @@ class _Emitter:
 
 
 def trace(neuron: B.StepNeuron, dtype):
-    """``(forward jaxpr, backward jaxpr, state names, params treedef, leaf shapes, leaf dtypes)`` on ``LANES``
-    neurons; the params' leaves (scalars) enter as one value per lane, so their gradients stay per lane."""
+    """``(forward jaxpr, backward jaxpr)`` on ``LANES`` neurons: the step ``(x, *states, *params) -> (out,
+    *states)`` and its VJP ``(x, *states, *params, d_out, *d_states) -> (dx, *d_states, *d_params)``; the params'
+    leaves (scalars) enter as one value per lane, so their gradients stay per lane."""
     names = neuron.names
     leaves = jax.tree.leaves(neuron.params_like)
     for leaf in leaves:
@@ -267,9 +265,9 @@ def trace(neuron: B.StepNeuron, dtype):
             raise Unsupported(f"a parameter of shape {leaf.shape}: the generated kernels take scalar "
                               "parameters (one value shared by every neuron)")
     lane = jax.ShapeDtypeStruct((LANES,), dtype)
-    p_lanes = [jax.ShapeDtypeStruct((LANES,), jnp.result_type(a)) for a in leaves]
+    p_lanes = [jax.ShapeDtypeStruct((LANES,), a.dtype) for a in leaves]
     n_s, n_p = len(names), len(leaves)
-    step, treedef = neuron.flat_step()
+    step, _ = neuron.flat_step()
 
     def fwd(x, *flat):
         out, new = step(x, list(flat[:n_s]), list(flat[n_s:]))
@@ -283,7 +281,7 @@ def trace(neuron: B.StepNeuron, dtype):
 
     f = jax.make_jaxpr(fwd)(lane, *[lane] * n_s, *p_lanes)
     b = jax.make_jaxpr(bwd)(lane, *[lane] * n_s, *p_lanes, *[lane] * (1 + n_s))
-    return f, b, names, treedef, tuple(np.shape(a) for a in leaves), tuple(jnp.result_type(a) for a in leaves)
+    return f, b
 
 
 def _lane_loop(dtype, jaxpr, args: list[str], stores) -> list[str]:
@@ -441,8 +439,9 @@ def kernel(neuron: B.StepNeuron, dtype) -> Kernel:
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
         raise Unsupported(f"the generated kernels compute in float32 or float64, not {dtype}")
-    f, b, names, treedef, shapes, dtypes = trace(neuron, dtype)
-    text = source(f, b, len(names), len(shapes), dtype, "TAG")
+    f, b = trace(neuron, dtype)
+    n_s, n_p = len(neuron.names), len(jax.tree.leaves(neuron.params_like))
+    text = source(f, b, n_s, n_p, dtype, "TAG")
     tag = hashlib.sha256(text.encode()).hexdigest()[:15]
     key = _compiled(text.replace("_TAG(", f"_{tag}("))
-    return Kernel(key, names, len(shapes), treedef, shapes, dtypes)
+    return Kernel(key, neuron.names, n_p)
