@@ -10,6 +10,7 @@
 * Event files in the real binary formats: ``random_events``, ``nmnist_bytes``, ``AEDAT_HEADER``, ``aedat_bytes``,
   ``random_aedat``, ``write_cifar10dvs``.
 * ``native_kernel``: the native CPU neuron kernel, or a skip where it cannot be built.
+* ``AdaptiveLIF``: a user-written neuron with two state variables and a learned parameter.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from flax import nnx
 from snnjax import Sequential, layers, parallel
 from snnjax.data.cifar10dvs import CIFAR10DVS_CLASS_NAMES
 from snnjax.models import CIFAR10DVSVGG, Spikformer, SpikingMLP
-from snnjax.neurons import LIFNode
+from snnjax.neurons import BaseNode, LIFNode
 from snnjax.neurons.kernels import dispatch
 from snnjax.parallel import mesh as mesh_lib
 from snnjax.runtime import distributed
@@ -420,3 +421,29 @@ def write_shd_h5(path, samples, labels):
         f.create_dataset("spikes/times", data=ragged(s[0] for s in samples), dtype=h5py.vlen_dtype(np.float16))
         f.create_dataset("spikes/units", data=ragged(s[1] for s in samples), dtype=h5py.vlen_dtype(np.uint16))
         f.create_dataset("labels", data=np.asarray(labels, np.uint16))
+
+
+# ----------------------------------------------------------------------------- user-written neurons
+
+
+class AdaptiveLIF(BaseNode):
+    """A user-written adaptive-threshold LIF: the threshold ``th`` jumps by ``beta`` on a spike and decays back
+    to ``v_threshold`` with ``tau_th``; ``tau`` is learned (``1/tau = sigmoid(w)``, read as ``self.w``)."""
+
+    def __init__(self, beta=0.3, tau_th=4.0, **kwargs):
+        self.beta, self.tau_th = beta, tau_th
+        self.w = nnx.Param(jnp.asarray(0.2))
+        super().__init__(**kwargs)
+
+    def initial_state(self):
+        return {"v": 0.0, "th": self.v_threshold}
+
+    def neuronal_charge(self, x, v, params):
+        return {**v, "v": v["v"] + (x - v["v"]) * jax.nn.sigmoid(self.w[...])}
+
+    def neuronal_fire(self, h, params):
+        return self.surrogate_function(h["v"] - h["th"])
+
+    def neuronal_reset(self, h, spike, params):
+        th = h["th"] + (self.v_threshold - h["th"]) / self.tau_th + self.beta * spike
+        return {"v": h["v"] * (1.0 - spike), "th": th}

@@ -23,16 +23,16 @@ from snnjax import neurons as F
 from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import run_vjp
 from snnjax.neurons.kernels.native import build
-from snnjax.neurons.kernels.native import neuron as N
 from snnjax.runtime import hostmem
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # the float64 tests turn x64 on for themselves
 
 
 def test_chunk_size_keeps_the_scratch_in_cache():
-    assert N.chunk_size(4, 10**6) == 8192 and N.chunk_size(32, 10**6) == 4096 and N.chunk_size(1000, 10**6) == 256
-    assert N.chunk_size(4, 100) == 100 and N.chunk_size(4, 1) == 1
-    assert all(N.chunk_size(t, 10**6) % 64 == 0 for t in range(1, 300))
+    assert build.chunk_size(4, 10**6) == 8192 and build.chunk_size(32, 10**6) == 4096
+    assert build.chunk_size(1000, 10**6) == 256
+    assert build.chunk_size(4, 100) == 100 and build.chunk_size(4, 1) == 1
+    assert all(build.chunk_size(t, 10**6) % 64 == 0 for t in range(1, 300))
 
 
 def test_explicit_native_errors_say_why(monkeypatch):

@@ -51,7 +51,7 @@ from snnjax.neurons import surrogate as sg
 from snnjax.neurons.compare import REFERENCE, implementation, rel_error, run_vjp
 from snnjax.neurons.kernels import dispatch
 from snnjax.neurons.kernels import pallas as P
-from snnjax.neurons.kernels.native import neuron as N
+from snnjax.neurons.kernels.native import build
 
 pytestmark = pytest.mark.usefixtures("x32_module")  # float64 tests turn x64 on for themselves
 IMPLS = ("xla", "pallas", "native")
@@ -178,7 +178,7 @@ SPLIT = {
     "pallas": ((5, 3, 47), P.KernelOptions(block_m=128, block_m_backward=128, min_block=1, time_chunk=2,
                                             interpret=True)),
     # M = 2 work chunks + 15 neurons: a partial third chunk, run on XLA's thread pool.
-    "native": ((4, 3, 2 * N.chunk_size(4, 10**6) // 3 + 5), None),
+    "native": ((4, 3, 2 * build.chunk_size(4, 10**6) // 3 + 5), None),
 }
 
 

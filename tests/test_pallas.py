@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import AdaptiveLIF
 
 from snnjax import neurons as F
 from snnjax.neurons import modules as M
@@ -39,6 +40,21 @@ def test_kernels_lower_for_gpu(cfg, dtype, return_v_seq):
     x = jax.ShapeDtypeStruct((6, 2, 1000), dtype)
     w = jax.ShapeDtypeStruct((), jnp.float32) if cfg.kind == "PLIF" else None
     hlo = jax.jit(grads).trace(x, jax.ShapeDtypeStruct((2, 1000), jnp.float32), w).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert hlo.count("custom_call @__gpu$xla.gpu.triton") == 2  # forward and backward kernels
+
+
+def test_kernels_of_a_step_lower_for_gpu():
+    """A user's neuron (two state variables, a learned parameter, a sigmoid) traced into the kernels: every
+    operation of its step and of the step's VJP has a Triton lowering rule."""
+    neuron, params = AdaptiveLIF()._step_neuron()
+    opts = P.KernelOptions(interpret=False)
+
+    def grads(x, params):
+        out, vjp = jax.vjp(lambda x, p: P.multistep(neuron, x, None, p, return_v_seq=True, options=opts), x, params)
+        return vjp(jax.tree.map(jnp.ones_like, out))
+
+    hlo = jax.jit(grads).trace(jax.ShapeDtypeStruct((6, 2, 1000), jnp.float32), params).lower(
         lowering_platforms=("cuda",)).as_text()
     assert hlo.count("custom_call @__gpu$xla.gpu.triton") == 2  # forward and backward kernels
 

@@ -33,7 +33,9 @@ call ``snnjax.runtime.hostmem.keep_freed_memory()``, as ``train.py`` does, unles
 its large buffers.
 
 Impls: ``xla`` (the lax.scan custom-vjp path), ``scan`` (the single step under ``lax.scan``, plain autodiff),
-``user`` (``UserLIF``, a LIF written through ``BaseNode``'s hooks as docs/neurons.md shows, run by ``scan``),
+``user`` (``UserLIF``, a LIF written through ``BaseNode``'s hooks as docs/neurons.md shows, run as ``impl="auto"``
+runs it: on a CPU the native kernel generated from its step), ``user:IMPL`` (the same on ``scan``, ``native`` or
+``pallas``),
 ``native`` (the fused C++ kernels, CPU), ``pallas`` (the fused Pallas kernels; default
 ``KernelOptions``), and ``pallas:key=value,...`` for other ``KernelOptions``
 (``pallas:block_m=2048,num_warps=4``). The default is every impl that is compiled on this
@@ -80,15 +82,19 @@ def min_bytes(t: int, batch: int, features: int, itemsize: int) -> int:
 def parse_impl(spec: str):
     """``(name, KernelOptions or None)``.
 
-    ``spec``: ``xla``, ``scan``, ``user``, ``native``, ``pallas`` or ``pallas:key=value,...``.
+    ``spec``: ``xla``, ``scan``, ``user``, ``user:IMPL``, ``native``, ``pallas`` or ``pallas:key=value,...``;
+    for ``user:IMPL`` the second item is the impl name.
     """
     from snnjax.neurons.kernels import pallas as P
 
     name, _, opts = spec.partition(":")
     if name in ("xla", "scan", "user", "native") and not opts:
         return name, None
+    if name == "user" and opts in ("scan", "native", "pallas"):
+        return name, opts
     if name != "pallas":
-        raise SystemExit(f"unknown impl {spec!r}: use xla, scan, user, native, pallas or pallas:key=value,...")
+        raise SystemExit(f"unknown impl {spec!r}: use xla, scan, user, user:IMPL, native, pallas or "
+                         "pallas:key=value,...")
     fields = [f.name for f in dataclasses.fields(P.KernelOptions) if f.name != "interpret"]
     kwargs = {}
     for item in filter(None, opts.split(",")):
@@ -129,7 +135,7 @@ def make_step(spec: str, cfg):
     elif name == "user":
         if cfg.kind != "LIF":
             raise SystemExit(f"impl 'user' times a LIF written through BaseNode's hooks; not with --neuron {cfg.kind}")
-        node = user_lif()(tau=cfg.tau, step_mode="m")
+        node = user_lif()(tau=cfg.tau, step_mode="m", impl=opts or "auto")
         run = lambda x, w: node(x)  # noqa: E731
     else:
         run = lambda x, w: P.multistep(cfg, x, w=w, options=opts)[0]  # noqa: E731

@@ -219,12 +219,13 @@ def catalogue_neuron(case: dict[str, Any]) -> BaseNode:
 
 def check_catalogue_case(case: dict[str, Any], arrays: dict[str, np.ndarray], impl: str = "auto") -> dict[str, Any]:
     """Recompute one catalogue case (a neuron module by class name, its parameters from ``param/``): outputs,
-    ``v_seq``, and the gradients of ``x`` and of every parameter (``grad/``). A neuron with no fused kernels runs
-    ``scan`` whatever ``impl`` names (the result's ``impl`` says which ran)."""
+    ``v_seq``, and the gradients of ``x`` and of every parameter (``grad/``). A catalogue neuron runs ``scan`` where
+    ``impl`` names a kernel written for IF / LIF / PLIF only (``xla``, ``pallas``); ``native`` runs the kernel
+    generated from its step (the result's ``impl`` says which ran)."""
     node = catalogue_neuron(case)
     if case.get("layout") == "TNCHW":  # SpikingJelly's channels-first steps: snnjax's are channels-last
         arrays = {k: np.moveaxis(a, 2, -1) if a.ndim == 5 else a for k, a in arrays.items()}
-    node.impl = impl if impl in ("auto", "scan") or node.kind is not None else "scan"
+    node.impl = impl if impl == "auto" or node.kind is not None or dispatch.IMPLEMENTATIONS[impl].any_neuron else "scan"
     for name, value in case_arrays(arrays, "param/").items():
         getattr(node, name).set_value(jnp.asarray(value))
     graphdef, params, rest = nnx.split(node, nnx.Param, ...)
@@ -423,7 +424,7 @@ def check_file(path: str, impl: str = "auto") -> int:
 
     ``impl`` (``auto``, ``xla``, ``pallas``, ``native``, ``scan``) is the neurons' multi-step
     implementation (``snnjax.neurons.multistep``); ``pallas`` runs the kernels in interpret
-    mode on a CPU. Neurons without kernels (catalogue cases) run ``scan`` whatever it names.
+    mode on a CPU. Catalogue neurons run ``scan`` where it names ``xla`` or ``pallas``.
     """
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")

@@ -1,12 +1,12 @@
 """Spiking neurons: surrogate gradients, the shared equations, Flax NNX modules, and the multi-step op's kernels.
 
 Modules (dependencies point down): ``surrogate`` -> ``base`` (config and equations, ``StepNeuron``) -> ``kernels``
-(the multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels for IF / LIF / PLIF, ``scan``
-for any neuron's single step, ``sharded`` and ``temporal`` layouts, and ``dispatch``, the table of
-implementations) -> ``modules`` (NNX: ``BaseNode``, every neuron's single step as charge / fire / reset hooks, and
-IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through those hooks) and ``online`` (OTTT / SLTT:
-LIF cut from the graph between steps); ``psn`` (the parallel spiking neurons: a matmul over time, no recurrence, not
-a ``BaseNode``) takes ``surrogate`` and ``modules.Stateful``;
+(the multi-step op: the ``xla`` reference, ``native`` CPU and ``pallas`` GPU kernels for IF / LIF / PLIF and
+generated from any neuron's single step, ``scan`` for any neuron's single step, ``sharded`` and ``temporal``
+layouts, and ``dispatch``, the table of implementations) -> ``modules`` (NNX: ``BaseNode``, every neuron's single
+step as charge / fire / reset hooks, and IF / LIF / PLIF) -> ``catalogue`` (SpikingJelly's other neurons through
+those hooks) and ``online`` (OTTT / SLTT: LIF cut from the graph between steps); ``psn`` (the parallel spiking
+neurons: a matmul over time, no recurrence, not a ``BaseNode``) takes ``surrogate`` and ``modules.Stateful``;
 ``compare`` (relative errors and VJPs of any implementation) serves the kernel checks and tests.
 """
 from snnjax.neurons import surrogate

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -74,12 +74,52 @@ class StepNeuron:
 
     ``step(x [...], state, params) -> (out [...], state)`` with ``state`` a dict of ``[...]`` arrays in the state
     dtype (``"v"`` the membrane potential) and ``params`` the neuron's learnable arrays (a pytree); ``fresh``
-    is ``((name, initial value), ...)``, ``"v"`` first; ``name`` is what errors call the neuron.
+    is ``((name, initial value), ...)``, ``"v"`` first; ``name`` is what errors call the neuron;
+    ``params_like`` the params pytree with ``jax.ShapeDtypeStruct`` leaves (None: no params), with which the
+    fused kernels trace the step on a few lanes of neurons (so it must be elementwise over the neurons).
     """
 
     step: Callable
     fresh: tuple[tuple[str, float], ...]
     name: str
+    params_like: Any = dataclasses.field(default=None, compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The state variables' names, ``"v"`` first."""
+        return tuple(name for name, _ in self.fresh)
+
+    def flat_step(self) -> tuple[Callable, Any]:
+        """``(step(x, states, params) -> (out, states), treedef)``: the step on lists (the states in ``names``
+        order, the params' leaves in ``params_like``'s order; ``treedef`` rebuilds the params), the form the
+        kernels generated from the step trace."""
+        names = self.names
+        treedef = jax.tree.structure(self.params_like)
+
+        def step(x, states, params):
+            out, new = self.step(x, dict(zip(names, states, strict=True)), jax.tree.unflatten(treedef, params))
+            if set(new) != set(names):
+                raise ValueError(f"{self.name}'s step returns the state variables {sorted(new)}, not {list(names)}")
+            return out, [new[n] for n in names]
+
+        return step, treedef
+
+
+def as_step_neuron(cfg: NeuronConfig, w=None) -> StepNeuron:
+    """IF / LIF / PLIF written as a step neuron (``charge``, ``fire``, ``reset``; params ``step_params(cfg, w)``):
+    the form the kernels generated from a step run, equal to ``step`` bit for bit."""
+    def one_step(x, state, params):
+        h = charge(cfg, state["v"], x, params.get("w"))
+        s = fire(cfg, h)
+        return s, {"v": reset(cfg, h, jax.lax.stop_gradient(s) if cfg.detach_reset else s)}
+
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), step_params(cfg, w))
+    return StepNeuron(one_step, (("v", cfg.vr),), cfg.kind, like)
+
+
+def step_params(cfg: NeuronConfig, w) -> dict:
+    """The params pytree of ``as_step_neuron(cfg)``: ``{"w": w}`` for PLIF, ``{}`` otherwise."""
+    return {"w": jnp.asarray(w).reshape(())} if cfg.kind == "PLIF" else {}
 
 
 def state_dtype(dtype) -> jnp.dtype:
@@ -177,6 +217,19 @@ def step(cfg: NeuronConfig, x: jax.Array, v: jax.Array, w: jax.Array | None = No
 def initial_state(cfg: NeuronConfig, shape, dtype) -> jax.Array:
     """Fresh membrane potential (``v_reset``, or 0 for soft reset) of ``shape``."""
     return jnp.full(shape, cfg.vr, state_dtype(dtype))
+
+
+def start_states(neuron: StepNeuron, x_seq: jax.Array, v_init=None) -> dict[str, jax.Array]:
+    """The start state ``{name: [...]}`` for ``x_seq [T, ...]`` in the state dtype: ``v_init`` (the membrane
+    potential, or a dict of some or all state variables, anything broadcastable), the rest fresh."""
+    sdt = state_dtype(x_seq.dtype)
+    given = v_init if isinstance(v_init, dict) else ({} if v_init is None else {"v": v_init})
+    names = [name for name, _ in neuron.fresh]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"v_init names state variables {unknown} that {neuron.name} does not have (it has {names})")
+    return {name: jnp.broadcast_to(jnp.asarray(given.get(name, fresh), sdt), x_seq.shape[1:])
+            for name, fresh in neuron.fresh}
 
 
 def broadcast_state(cfg: NeuronConfig, x_seq: jax.Array, v_init) -> jax.Array:

@@ -71,8 +71,9 @@ class BaseNode(nnx.Module, Stateful):
 
     ``params``: the module's ``nnx.Param`` arrays by attribute name (``self.k = nnx.Param(...)`` is
     ``params["k"]``, and ``self.k[...]`` the same value). States are in ``state_dtype`` (at least float32). The
-    multi-step mode scans the single step (``impl="scan"``, the only one such a neuron runs; ``auto`` picks it);
-    the built-in IF / LIF / PLIF (``kind`` set) are written the same way and also run on the fused kernels of
+    multi-step mode scans the single step (``impl="scan"``) or runs the native CPU kernel generated from it
+    (``impl="native"``, what ``auto`` picks on a CPU where the step can be generated); the built-in IF / LIF /
+    PLIF (``kind`` set) are written the same way and also run on the hand-written kernels of
     ``snnjax.neurons.kernels``.
     """
 
@@ -181,7 +182,8 @@ class BaseNode(nnx.Module, Stateful):
             node = nnx.merge(graphdef, params, rest)
             return node.single_step(x, state, node.params())
 
-        return B.StepNeuron(step, tuple(self.initial_state().items()), type(self).__name__), params
+        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), params)
+        return B.StepNeuron(step, tuple(self.initial_state().items()), type(self).__name__, like), params
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Outputs (spikes) for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
@@ -283,14 +285,16 @@ class ParametricLIFNode(BaseNode):
 
 def set_impl(model: nnx.Module, impl: str) -> int:
     """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
-    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A kernel's name reaches the built-in IF / LIF /
-    PLIF only (the others run ``scan`` alone and keep their own). Returns the number of neurons changed."""
+    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A neuron given by its step (``kind`` None) takes
+    ``scan`` for ``xla`` (the hand-written XLA path is IF / LIF / PLIF's; ``scan`` is the step's own pure-XLA
+    path). Returns the number of neurons set."""
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
     count = 0
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, BaseNode) and (module.kind is not None or impl in ("auto", "scan")):
-            module.impl = impl
+        if isinstance(module, BaseNode):
+            module.impl = impl if module.kind is not None or impl == "auto" or dispatch.IMPLEMENTATIONS[
+                impl].any_neuron else "scan"
             count += 1
     return count
 

@@ -6,8 +6,10 @@ beside it, one module or folder per implementation:
 - ``xla``: the pure-JAX reference, a ``lax.scan`` with a hand-written reverse recurrence (``custom_vjp``);
 - ``scan``: any neuron's single step (``base.StepNeuron``, or IF / LIF / PLIF's ``base.step``) under ``lax.scan``,
   the backward from the step's VJP;
-- ``native``: fused kernels for the CPU in C++ through XLA FFI, compiled on first use;
-- ``pallas``: fused kernels for the GPU in Pallas (run on the CPU with ``interpret=True`` in tests);
+- ``native``: fused kernels for the CPU in C++ through XLA FFI, compiled on first use: hand-written for IF / LIF /
+  PLIF, generated from the step (``native.codegen``) for any other neuron;
+- ``pallas``: fused kernels for the GPU in Pallas (run on the CPU with ``interpret=True`` in tests), with the
+  step traced into them (``pallas.step``) for any other neuron;
 - ``sharded``: any kernel under a multi-device layout (each device its shard of neurons);
 - ``temporal``: the time axis split over devices (the potential passed between them).
 

@@ -7,11 +7,14 @@ impl       what runs                                                            
 ``pallas`` fused multi-timestep kernels (``snnjax.neurons.kernels.pallas``); interpreted on a CPU  GPU (CPU: tests)
 ``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.neurons.kernels.native``)     CPU
 ``scan``   ``lax.scan`` of the single step, plain autodiff (``snnjax.neurons.kernels.scan``): any neuron  everywhere
-``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` otherwise (below)
+``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` (``scan`` for a step) otherwise (below)
 =========  ======================================================================  ===============
 
 The built-in IF / LIF / PLIF (a ``NeuronConfig``) run on every implementation; a neuron given by its single
-step (a ``base.StepNeuron``: the catalogue's, a user's) only on ``scan``, which ``auto`` picks for it.
+step (a ``base.StepNeuron``: the catalogue's, a user's) on ``scan`` and on the ``native`` / ``pallas`` kernels
+generated from its step (``native.codegen``, ``pallas.step``), which ``auto`` picks as for IF / LIF / PLIF, falling
+back to ``scan`` (with the warning) where the step cannot be generated, and choosing ``scan`` under a layout
+(the generated kernels have no sharding rule) and for T = 1.
 
 All give the same spikes and states, and gradients equal to rounding. This module and
 ``snnjax.neurons.kernels.sharded`` are the only ones that import the kernel packages; those import only
@@ -97,10 +100,10 @@ class Impl:
 
 IMPLEMENTATIONS: dict[str, Impl] = {
     "xla": Impl("xla", xla.multistep, xla.unsupported_reason),
-    "pallas": Impl("pallas", pallas.multistep, pallas.unsupported_reason, auto_backend="gpu",
+    "pallas": Impl("pallas", pallas.multistep, pallas.unsupported_reason, auto_backend="gpu", any_neuron=True,
                    kernel=sharded.Kernel("pallas", pallas_api.forward_rule, pallas_api.backward_rule)),
     "native": Impl("native", native.multistep, native.unsupported_reason, backends=("cpu",), auto_backend="cpu",
-                   available=native_build.available,
+                   available=native_build.available, any_neuron=True,
                    kernel=sharded.Kernel("native", native.forward_rule, native.backward_rule, B.state_dtype)),
     "scan": Impl("scan", scan.multistep, scan.unsupported_reason, any_neuron=True),
 }
@@ -135,34 +138,44 @@ def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
 
     An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
-    ``auto`` picks ``scan`` for a ``StepNeuron`` (the only path it runs), otherwise see the module docstring.
+    See the module docstring for ``auto``.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     backend = jax.default_backend()
     shape, dtype = jnp.shape(x_seq), jnp.result_type(x_seq)
+    step_neuron = not isinstance(cfg, B.NeuronConfig)
+    split = step_neuron and (partitioner_splits() or temporal.applies(x_seq))
     if impl != "auto":
         reason = IMPLEMENTATIONS[impl].unsupported_reason(cfg, shape, dtype, backend)
+        if reason is None and split and impl != "scan":
+            reason = f"under a layout {cfg.name} runs on the scan path (the generated kernels have no sharding rule)"
         if reason is not None:
             other = "'xla'" if isinstance(cfg, B.NeuronConfig) else "'scan'"
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl={other} (or 'auto')")
         return Choice(impl, f"impl={impl!r} was asked for")
-    if not isinstance(cfg, B.NeuronConfig):
-        return Choice("scan", f"{cfg.name} is given by its single step, which the scan path runs")
+    fallback = "scan" if step_neuron else "xla"
     if shape[:1] in ((), (1,)):
-        return Choice("xla", "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring ops")
+        return Choice(fallback, "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring "
+                      "ops")
+    if split:
+        return Choice("scan", f"under a layout the SPMD partitioner shards {cfg.name}'s scan path like any "
+                      "elementwise op (the kernels generated from a step have no sharding rule)")
     preferred = [c for c in IMPLEMENTATIONS.values() if c.auto_backend == backend]
     if not preferred:
-        return Choice("xla", f"no fused kernel is preferred on the {backend!r} backend")
+        why = f"no fused kernel is preferred on the {backend!r} backend"
+        return Choice(fallback, f"{cfg.name} is given by its single step; {why}" if step_neuron else why)
     refusals = []
     for candidate in preferred:
         reason = candidate.unsupported_reason(cfg, shape, dtype, backend)
         if reason is None and not candidate.available():
             reason = "they cannot be built on this machine (impl='native' raises the compiler's message)"
         if reason is None:
-            return Choice(candidate.name, f"the {candidate.name} kernels are the {backend!r} backend's fused path")
+            what = f"generated from {cfg.name}'s step " if step_neuron else ""
+            return Choice(candidate.name, f"the {candidate.name} kernels {what}are the {backend!r} backend's fused "
+                          "path")
         refusals.append(f"the {candidate.name} kernels cannot run it: {reason}")
-    return Choice("xla", "; ".join(refusals), refused=True)
+    return Choice(fallback, "; ".join(refusals), refused=True)
 
 
 def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
@@ -180,7 +193,7 @@ def _chosen(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
     """``resolve_impl``, warning where ``auto`` runs ``xla`` because the backend's kernel refused the call."""
     choice = choose_impl(impl, cfg, x_seq)
     if choice.refused:
-        warnings.warn(f"impl='auto' runs this {neuron_name(cfg)} neuron with the xla path: {choice.why}",
+        warnings.warn(f"impl='auto' runs this {neuron_name(cfg)} neuron with the {choice.impl} path: {choice.why}",
                       stacklevel=3)
     return choice.impl
 

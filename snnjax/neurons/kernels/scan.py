@@ -26,19 +26,6 @@ def unsupported_reason(cfg, shape, dtype) -> str | None:
     return None
 
 
-def initial_state(neuron: B.StepNeuron, x_seq: jax.Array, v_init=None) -> dict[str, jax.Array]:
-    """The start state ``{name: [...]}`` for ``x_seq [T, ...]`` in the state dtype: ``v_init`` (the membrane
-    potential, or a dict of some or all state variables, anything broadcastable), the rest fresh."""
-    sdt = B.state_dtype(x_seq.dtype)
-    given = v_init if isinstance(v_init, dict) else ({} if v_init is None else {"v": v_init})
-    names = [name for name, _ in neuron.fresh]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise ValueError(f"v_init names state variables {unknown} that {neuron.name} does not have (it has {names})")
-    return {name: jnp.broadcast_to(jnp.asarray(given.get(name, fresh), sdt), x_seq.shape[1:])
-            for name, fresh in neuron.fresh}
-
-
 def multistep(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
               return_v_seq: bool = False):
     """``(outs [T, ...] in x's dtype, v)`` as ``snnjax.neurons.multistep``.
@@ -51,7 +38,7 @@ def multistep(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=No
         B.check_decay_param(neuron, w)
         state0, single = {"v": B.broadcast_state(neuron, x_seq, v_init)}, True
     else:
-        state0, single = initial_state(neuron, x_seq, v_init), len(neuron.fresh) == 1
+        state0, single = B.start_states(neuron, x_seq, v_init), len(neuron.fresh) == 1
     outs, v_seq, last = run(neuron, x_seq, state0, w, return_v_seq=return_v_seq)
     return outs, (v_seq if return_v_seq else last["v"] if single else last)
 
@@ -60,17 +47,13 @@ def run(neuron: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, state0: dict, w
     """``(outs [T, ...], v_seq [T, ...] or None, final state dict)`` from the start state dict ``state0`` (state
     dtype; ``{"v": V}`` for IF / LIF / PLIF). Differentiable in ``x_seq``, ``state0`` and ``w``."""
     if isinstance(neuron, B.NeuronConfig):
-        cfg = neuron
+        B.check_decay_param(neuron, w)
+        neuron, w = B.as_step_neuron(neuron, w), B.step_params(neuron, w)
+    sdt = B.state_dtype(x_seq.dtype)
 
-        def step(x, state, w):
-            s, v = B.step(cfg, x, state["v"], w)
-            return s, {"v": v}
-    else:
-        sdt = B.state_dtype(x_seq.dtype)
-
-        def step(x, state, w):
-            out, state = neuron.step(x.astype(sdt), state, w)
-            return out.astype(x.dtype), state
+    def step(x, state, w):
+        out, state = neuron.step(x.astype(sdt), state, w)
+        return out.astype(x.dtype), state
 
     return _scan(step, return_v_seq, x_seq, state0, w)
 

@@ -270,7 +270,7 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     sched = dataclasses.replace(sched, block_impl="xla" if kernel is None else kernel.name)
     if (record := _RECORD.get()) is not None:
         record.append((tuple(x_seq.shape), sched))
-    v0 = scan.initial_state(cfg, x_seq, v_init) if step_neuron else B.broadcast_state(cfg, x_seq, v_init)
+    v0 = B.start_states(cfg, x_seq, v_init) if step_neuron else B.broadcast_state(cfg, x_seq, v_init)
     w0 = w if step_neuron else jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
     # The pipeline views the trailing dims without those of size 1: with one kept, XLA:CPU laid the reshape into
     # the view out on its own and copied x and ds to undo it (two more segment-sized temporaries at N = 1).

@@ -27,19 +27,16 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import base as B
 from snnjax.neurons import surrogate as sg
-from snnjax.neurons.kernels.native import build
+from snnjax.neurons.kernels.native import build, step
 
 _SURROGATE_IDS = {sg.Sigmoid: 0, sg.ATan: 1, sg.PiecewiseQuadratic: 2, sg.SoftSign: 3, sg.Rect: 4}
 _KIND_IDS = {"IF": 0, "LIF": 1, "PLIF": 2}
-# A chunk's backward scratch (H for T steps) is T * chunk values: at most 512 KiB in float32,
-# about a core's L2 cache. Longer chunks amortise the per-step loop overhead; on the 2-core
-# development CPU 8192 beat 2048 and 4096 at T = 4 to 16 and tied 4096 at T = 32.
-_SCRATCH_VALUES = 131072
-_CHUNK_MIN, _CHUNK_MAX = 256, 8192
 
 
-def unsupported_reason(cfg: B.NeuronConfig, shape, dtype) -> str | None:
+def unsupported_reason(cfg: B.NeuronConfig | B.StepNeuron, shape, dtype) -> str | None:
     """Why the native kernels cannot run this neuron call (None if they can)."""
+    if isinstance(cfg, B.StepNeuron):
+        return step.unsupported_reason(cfg, shape, dtype)
     dtype = jnp.dtype(dtype)
     if type(cfg.surrogate) not in _SURROGATE_IDS or not cfg.surrogate.spiking:
         return (f"surrogate {cfg.surrogate!r} is not one the C++ kernels compute (those: "
@@ -51,18 +48,17 @@ def unsupported_reason(cfg: B.NeuronConfig, shape, dtype) -> str | None:
     return None
 
 
-def chunk_size(t: int, m: int) -> int:
-    """Neurons per work item: the backward's ``[t, chunk]`` scratch fits in L2; a multiple of 64."""
-    chunk = max(_CHUNK_MIN, min(_CHUNK_MAX, _SCRATCH_VALUES // max(t, 1))) // 64 * 64
-    return max(1, min(chunk, m))
-
-
-def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False):
-    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the native kernels.
+def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
+              return_v_seq: bool = False):
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the native kernels: the hand-written
+    ones for IF / LIF / PLIF, the ones generated from the step for a ``StepNeuron`` (``step.multistep``; ``w`` its
+    params pytree).
 
     Raises ValueError where they cannot run this call, NativeBuildError where they cannot
     be built.
     """
+    if isinstance(cfg, B.StepNeuron):
+        return step.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq)
     B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype)
@@ -83,7 +79,7 @@ def _attrs(cfg: B.NeuronConfig, return_v_seq: bool, t: int, m: int) -> dict:
     return dict(kind=np.int64(_KIND_IDS[cfg.kind]), charging=np.int64(_charging(cfg)), hard=cfg.v_reset is not None,
                 detach=cfg.detach_reset, v_seq=return_v_seq, decay_input=cfg.decay_input,
                 v_reset=np.float64(cfg.vr), v_th=np.float64(cfg.v_threshold), tau=np.float64(cfg.tau),
-                alpha=np.float64(cfg.surrogate.alpha), chunk=np.int64(chunk_size(t, m)))
+                alpha=np.float64(cfg.surrogate.alpha), chunk=np.int64(build.chunk_size(t, m)))
 
 
 def _charging(cfg: B.NeuronConfig) -> int:

@@ -6,12 +6,20 @@
 // A scalar v0 is the same start for every neuron (no dV_init is wanted: dv0 is a scalar,
 // written 0); a scalar dv is a zero cotangent. Neurons are split into chunks of `chunk`
 // (an attribute), run on XLA's intra-op thread pool; dk holds each chunk's PLIF partial sum.
+//
+// SnnStepForward{F32,F64}(x [T, M], s0 [S, M] or [S], p [P]) -> (out [T, M], v [T, M] or [1], last [S, M])
+// SnnStepBackward{F32,F64}(x, s0, p, dout [T, M], dv [T, M] or [1] (a zero), dlast [S, M])
+//     -> (dx [T, M], ds0 [S, M], dp [chunks, P])
+// run a neuron given by its single step (S state variables, "v" first, P scalar parameters) through the
+// chunk functions that snnjax.neurons.kernels.native.codegen generates from the step and registers under
+// `key` (SnnStepRegister): the same chunks and thread pool as the built-in kernels.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "neuron_kernels.h"
 #include "xla/ffi/api/ffi.h"
@@ -166,8 +174,89 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0,
   return ffi::Error::Success();
 }
 
+
+// --- neurons given by their single step: generated chunk functions, looked up by key --------------------
+
+// fwd(T, M, lo, hi, x, s0, p, out, v_seq or null, last, scratch, shared); bwd(T, M, lo, hi, x, s0, p, dout,
+// dv_seq or null, dlast, dx, ds0, dp, scratch, shared): one chunk of neurons [lo, hi), every array in the
+// kernel's float type; scratch holds `scratch` values (an attribute the generator sets), uninitialised. s0 is
+// [S, M], or [S] (shared = 1): one start per state variable for every neuron, whose ds0 (a constant's) is 0.
+using StepForwardFn = void (*)(int64_t, int64_t, int64_t, int64_t, const void*, const void*, const void*, void*,
+                               void*, void*, void*, int64_t);
+using StepBackwardFn = void (*)(int64_t, int64_t, int64_t, int64_t, const void*, const void*, const void*,
+                                const void*, const void*, const void*, void*, void*, void*, void*, int64_t);
+struct StepFns {
+  StepForwardFn fwd;
+  StepBackwardFn bwd;
+};
+
+std::mutex& StepMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_map<int64_t, StepFns>& StepRegistry() {
+  static auto* registry = new std::unordered_map<int64_t, StepFns>();
+  return *registry;
+}
+
+bool FindStep(int64_t key, StepFns* fns) {
+  std::lock_guard<std::mutex> lock(StepMutex());
+  auto it = StepRegistry().find(key);
+  if (it == StepRegistry().end()) return false;
+  *fns = it->second;
+  return true;
+}
+
+template <ffi::DataType DT>
+ffi::Error StepForward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> s0, ffi::Buffer<DT> p,
+                       ffi::ResultBuffer<DT> out, ffi::ResultBuffer<DT> v, ffi::ResultBuffer<DT> last, int64_t key,
+                       bool v_seq, int64_t chunk, int64_t scratch) {
+  using F = ffi::NativeType<DT>;
+  StepFns fns;
+  if (!FindStep(key, &fns)) return ffi::Error::InvalidArgument("no generated step kernel under this key");
+  if (x.dimensions().size() != 2 || chunk <= 0) return ffi::Error::InvalidArgument("x must be [T, M], chunk > 0");
+  const int64_t T = x.dimensions()[0], M = x.dimensions()[1];
+  const F *xd = x.typed_data(), *s0d = s0.typed_data(), *pd = p.typed_data();
+  F *od = out->typed_data(), *vd = v_seq ? v->typed_data() : nullptr, *ld = last->typed_data();
+  const int64_t shared = s0.dimensions().size() == 1;
+  ParallelChunks<F>(pool, (M + chunk - 1) / chunk, scratch, [=](int64_t c, F* work) {
+    const int64_t lo = c * chunk;
+    fns.fwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, od, vd, ld, work, shared);
+  });
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error StepBackward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> s0, ffi::Buffer<DT> p,
+                        ffi::Buffer<DT> dout, ffi::Buffer<DT> dv, ffi::Buffer<DT> dlast, ffi::ResultBuffer<DT> dx,
+                        ffi::ResultBuffer<DT> ds0, ffi::ResultBuffer<DT> dp, int64_t key, bool v_seq,
+                        int64_t chunk, int64_t scratch) {
+  using F = ffi::NativeType<DT>;
+  StepFns fns;
+  if (!FindStep(key, &fns)) return ffi::Error::InvalidArgument("no generated step kernel under this key");
+  if (x.dimensions().size() != 2 || chunk <= 0) return ffi::Error::InvalidArgument("x must be [T, M], chunk > 0");
+  const int64_t T = x.dimensions()[0], M = x.dimensions()[1];
+  const int64_t P = p.dimensions().size() ? p.dimensions()[0] : 0;
+  const F *xd = x.typed_data(), *s0d = s0.typed_data(), *pd = p.typed_data(), *dod = dout.typed_data();
+  const F *dvd = dv.dimensions().size() == 2 ? dv.typed_data() : nullptr, *dld = dlast.typed_data();
+  F *dxd = dx->typed_data(), *ds0d = ds0->typed_data(), *dpd = dp->typed_data();
+  const int64_t shared = s0.dimensions().size() == 1;
+  if (shared) std::fill(ds0d, ds0d + s0.element_count(), F(0));
+  ParallelChunks<F>(pool, (M + chunk - 1) / chunk, scratch, [=](int64_t c, F* work) {
+    const int64_t lo = c * chunk;
+    fns.bwd(T, M, lo, std::min(lo + chunk, M), xd, s0d, pd, dod, dvd, dld, dxd, ds0d, dpd + c * P, work, shared);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace snnjax
+
+extern "C" void SnnStepRegister(int64_t key, void* fwd, void* bwd) {
+  std::lock_guard<std::mutex> lock(snnjax::StepMutex());
+  snnjax::StepRegistry()[key] = {reinterpret_cast<snnjax::StepForwardFn>(fwd),
+                                 reinterpret_cast<snnjax::StepBackwardFn>(bwd)};
+}
 
 #define SNN_ATTRS                                                                                         \
   .Attr<bool>("hard").Attr<bool>("detach").Attr<bool>("v_seq").Attr<bool>("decay_input")                  \
@@ -202,3 +291,37 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> v0,
 
 SNN_DEFINE(ffi::F32, F32)
 SNN_DEFINE(ffi::F64, F64)
+
+#define SNN_STEP_DEFINE(DT, SUFFIX)                                                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnStepForward##SUFFIX, snnjax::StepForward<DT>,                           \
+                                ffi::Ffi::Bind()                                                          \
+                                    .Ctx<ffi::ThreadPool>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Attr<int64_t>("key")                                                 \
+                                    .Attr<bool>("v_seq")                                                  \
+                                    .Attr<int64_t>("chunk")                                               \
+                                    .Attr<int64_t>("scratch"));                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnStepBackward##SUFFIX, snnjax::StepBackward<DT>,                         \
+                                ffi::Ffi::Bind()                                                          \
+                                    .Ctx<ffi::ThreadPool>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Arg<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Ret<ffi::Buffer<DT>>()                                               \
+                                    .Attr<int64_t>("key")                                                 \
+                                    .Attr<bool>("v_seq")                                                  \
+                                    .Attr<int64_t>("chunk")                                               \
+                                    .Attr<int64_t>("scratch"));
+
+SNN_STEP_DEFINE(ffi::F32, F32)
+SNN_STEP_DEFINE(ffi::F64, F64)

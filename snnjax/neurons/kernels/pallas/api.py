@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from snnjax.neurons import base as B
+from snnjax.neurons.kernels.pallas import step
 from snnjax.neurons.kernels.pallas.backward import backward
 from snnjax.neurons.kernels.pallas.forward import forward
 from snnjax.neurons.kernels.pallas.options import DEFAULT, KernelOptions
@@ -46,9 +47,13 @@ from snnjax.neurons.kernels.pallas.options import DEFAULT, KernelOptions
 GPU_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
-def unsupported_reason(cfg: B.NeuronConfig, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
+def unsupported_reason(cfg: B.NeuronConfig | B.StepNeuron, shape, dtype, opts: KernelOptions = DEFAULT) -> str | None:
     """Why the Pallas path cannot run this neuron on inputs of ``shape``/``dtype`` (None if it can)."""
-    if not cfg.surrogate.heaviside:  # every IF / LIF / PLIF variant, and any surrogate whose forward is the step
+    if isinstance(cfg, B.StepNeuron):
+        reason = step.unsupported_reason(cfg, shape, dtype)
+        if reason is not None:
+            return reason
+    elif not cfg.surrogate.heaviside:  # every IF / LIF / PLIF variant, and any surrogate whose forward is the step
         return (f"surrogate {cfg.surrogate!r} does not fire the 0/1 step 1[x >= 0] (spiking=False, or a spike "
                 "count) that the kernels compute")
     dtype = jnp.dtype(dtype)
@@ -64,17 +69,21 @@ def unsupported_reason(cfg: B.NeuronConfig, shape, dtype, opts: KernelOptions = 
     return None
 
 
-def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, return_v_seq: bool = False,
-              options: KernelOptions = DEFAULT):
-    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the fused kernels.
+def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
+              return_v_seq: bool = False, options: KernelOptions = DEFAULT):
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, computed by the fused kernels: the hand-written
+    ones for IF / LIF / PLIF, the step's own (``step.multistep``; ``w`` its params pytree) for a ``StepNeuron``.
 
     Raises ValueError (see ``unsupported_reason``) where the kernels cannot run.
     """
-    B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
     reason = unsupported_reason(cfg, x_seq.shape, x_seq.dtype, options)
     if reason is not None:
-        raise ValueError(f"the Pallas neuron kernels cannot run this call: {reason}; use impl='xla'")
+        other = "scan" if isinstance(cfg, B.StepNeuron) else "xla"
+        raise ValueError(f"the Pallas neuron kernels cannot run this call: {reason}; use impl={other!r}")
+    if isinstance(cfg, B.StepNeuron):
+        return step.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, options=options)
+    B.check_decay_param(cfg, w)
     if v_init is None:  # one start for every neuron: no [M] array read, no dV_init written
         v0 = jnp.full((), cfg.vr, B.state_dtype(x_seq.dtype))
     else:
