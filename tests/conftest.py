@@ -74,6 +74,19 @@ def _case_id(i: int, case: dict) -> str:
     return "-".join(parts)
 
 
+# The modules that take longest on the 2-core CI machine (``--durations``), longest first: collected first, so that
+# ``--dist loadscope`` hands them out before the short ones and the two workers finish together.
+SLOW_MODULES = ("test_pipeline.py", "test_elastic.py", "test_zoo_layouts.py", "test_zoo.py", "test_remat.py",
+                "test_launch.py", "test_zoo_transformers_layouts.py", "test_zoo_transformers.py",
+                "test_parallel_equivalence.py", "test_weight_split.py", "test_zoo_vgg.py", "test_neurons_sharded.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow modules first (``SLOW_MODULES``), the others in their usual order."""
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's order kept
+
+
 def pytest_generate_tests(metafunc):
     """Run every test that takes ``neuron_case`` once per case of ``neurons.json``."""
     if "neuron_case" in metafunc.fixturenames:

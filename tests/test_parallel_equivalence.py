@@ -22,7 +22,7 @@ import functools
 
 import jax.numpy as jnp
 import pytest
-from helpers import assert_same_training, initial_state, layout_model, neuron_kernels, train_layout
+from helpers import assert_same_training, initial_state, layout_model, neuron_kernels, suite_cases, train_layout
 
 from snnjax import parallel
 from snnjax.train.step import StepConfig
@@ -67,8 +67,9 @@ def _run(model_name: str, case: str):
 
 # ZeRO and fsdp shard parameters and optimizer rows whatever the model: Spikformer (the slowest to compile)
 # runs the layouts that split its activations and attention (dp, tp and their mixes; fsdp_tp's rule table is
-# 2x2x2's, which adds data and ZeRO-2).
-SPIKFORMER_MODES = ("dp", "tp", "dp_tp", "2x2x2")
+# 2x2x2's, which adds data and ZeRO-2). In the suite: dp (its kernel test below runs it anyway) and 2x2x2, its
+# heads split over tensor (SNNJAX_ALL_CASES=1: all four).
+SPIKFORMER_MODES = suite_cases(("dp", "tp", "dp_tp", "2x2x2"), ("dp", "2x2x2"))
 
 
 @pytest.mark.parametrize("model_name,case", [(m, c) for m in ("mlp", "vgg", "spikformer") for c in MODES

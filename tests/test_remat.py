@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import COMPILER_OPTIONS  # LLVM's optimisation level: compile time, not results
+from helpers import COMPILER_OPTIONS, suite_cases  # LLVM's optimisation level: compile time, not results
 
 from snnjax.models import create_model, remat
 from snnjax.train import memory_search
@@ -65,8 +65,10 @@ def references(x64_module):
 
 POLICIES = [("none", "bits"), ("none", "int8"), ("units", "float"), ("dots_saveable", "int8"), ("spikes", "float"),
             ("spikes", "bits")]
-# Spikformer (the slowest to compile) under each policy once, its spikes stored each way once.
-SPIKFORMER_POLICIES = [("none", "int8"), ("units", "float"), ("dots_saveable", "int8"), ("spikes", "bits")]
+# Spikformer (the slowest to compile) under each policy once, its spikes stored each way once; in the suite, the
+# two policies that recompute its attention blocks (SNNJAX_ALL_CASES=1: all four).
+SPIKFORMER_POLICIES = suite_cases([("none", "int8"), ("units", "float"), ("dots_saveable", "int8"), ("spikes", "bits")],
+                                  [("units", "float"), ("spikes", "bits")])
 
 
 @pytest.mark.parametrize("model_name,policy,storage", [(m, p, s) for m in CASES for p, s in POLICIES

@@ -8,7 +8,8 @@
 - ``tests/fixtures/spikingjelly/transformers.npz`` (``make_reference_transformers.py``): eval and
   train logits, loss, every gradient and the BatchNorm statistics after a step, every case with the
   neurons on ``xla``, and on ``native`` one case per architecture and neuron kind (SDT with LIF,
-  QKFormer with PLIF; ``tests/test_neuron_impls.py`` compares the implementations on every neuron case).
+  QKFormer with PLIF; ``tests/test_neuron_impls.py`` compares the implementations on every neuron case). The
+  suite runs each case once (``GOLDEN``); ``SNNJAX_ALL_CASES=1`` each on ``xla`` too.
 
 Programs compile with ``conftest.quick_compiles``.
 """
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import suite_cases
 
 from snnjax.interop import check
 from snnjax.interop.spikingjelly import convert_state_dict, import_state_dict
@@ -29,7 +31,9 @@ from snnjax.models import QKFormer, SpikeDrivenTransformer, qkformer_10_384, sdt
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "transformers.npz"
 CASES = ("sdt", "sdt_events", "qkformer", "qkformer_plif")
-GOLDEN = [(name, "xla") for name in CASES] + [("sdt_events", "native"), ("qkformer_plif", "native")]
+# the suite: each case once, each implementation twice (SNNJAX_ALL_CASES=1: xla for every case too)
+GOLDEN = suite_cases([(name, "xla") for name in CASES] + [("sdt_events", "native"), ("qkformer_plif", "native")],
+                     [("sdt", "xla"), ("qkformer", "xla"), ("sdt_events", "native"), ("qkformer_plif", "native")])
 
 
 pytestmark = pytest.mark.usefixtures("quick_compiles_module")
