@@ -23,10 +23,10 @@ import pytest
 from conftest import quick_compiles
 from flax import nnx
 
-from snnjax.interop import check
+from snnjax.interop import check, rules
 from snnjax.interop.__main__ import main as interop_main
 from snnjax.interop.spikingjelly import import_state_dict
-from snnjax.models import CIFAR10DVSVGG, Spikformer
+from snnjax.models import CIFAR10DVSVGG, Spikformer, registry
 from snnjax.neurons.compare import REFERENCE, run_vjp
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "spikingjelly" / "models.npz"
@@ -153,6 +153,33 @@ def test_import_errors_name_the_problem():
         import_state_dict(_small_vgg((8, 16, 32, 32, 64, 64, 64, 128)), sd)
     with pytest.raises(KeyError, match="no counterpart in Linear"):  # not a zoo model: located layer by layer
         import_state_dict(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), sd)
+
+
+def test_a_family_registers_its_table_in_its_model_file():
+    """A table registered for a class (as each model file does) locates its keys, its subclasses' too; a second
+    table for the class and an unknown kind are refused; every kind a Rule may name has a converter."""
+    assert set(rules.KINDS) == set(registry.RULE_KINDS)
+    with pytest.raises(ValueError, match="Rule kind must be one of"):
+        registry.Rule("fc", "fc", "dense")
+
+    class Head(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+
+    class WideHead(Head):
+        pass
+
+    registry.register_rules(Head, [registry.Rule(r"classifier\.1", "fc", "linear")])
+    try:
+        with pytest.raises(ValueError, match="already has an import table"):
+            registry.register_rules(Head, [])
+        weight = np.arange(6.0, dtype=np.float32).reshape(3, 2)
+        model = WideHead()
+        report = import_state_dict(model, {"classifier.1.weight": weight, "classifier.1.bias": np.zeros(3, np.float32)})
+        assert [i.path for i in report.imported] == ["fc.kernel", "fc.bias"]
+        np.testing.assert_array_equal(model.fc.kernel[...], weight.T)
+    finally:
+        del registry.IMPORT_TABLES[Head]
 
 
 def test_spikformer_import_covers_every_variable():

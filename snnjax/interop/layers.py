@@ -4,11 +4,11 @@ A torch key is ``<module prefix>.<tensor name>``. A *locator* gives each key's s
 ``LayerRule``: which of the module's variables each torch tensor goes to, and how its layout changes on
 the way (``OIHW -> HWIO`` for convolutions, ``[out, in] -> [in, out]`` for linear layers). ``convert``
 applies it to a whole ``state_dict`` and reports every key; ``assign`` loads the result. The zoo models
-locate keys through their family's rule table (``snnjax.interop.rules``); any other model built from
-snnjax's layers and neurons through ``layer_locator``, which pairs each snnjax module with the torch module
-of the same name and takes the ``LayerRule`` of the module's type from ``RULES``. ``snnjax.Sequential``
-pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s keys); other models pair each module's
-attribute path (``features.3.conv`` with ``features.3.conv.`` keys) unless ``prefixes`` says otherwise.
+locate keys through their family's rule table (declared in the model file, applied by ``snnjax.interop.rules``);
+any other model built from snnjax's layers and neurons through ``layer_locator``, which pairs each snnjax module
+with the torch module of the same name and takes the ``LayerRule`` of the module's type from ``RULES``.
+``snnjax.Sequential`` pairs layer ``i`` with torch prefix ``i`` (``nn.Sequential``'s keys); other models pair each
+module's attribute path (``features.3.conv`` with ``features.3.conv.`` keys) unless ``prefixes`` says otherwise.
 Both import with ``snnjax.interop.spikingjelly.import_state_dict``:
 
     sd = dict(np.load("net_state_dict.npz"))                # torch keys -> numpy arrays

@@ -2,10 +2,11 @@
 
 A ``state_dict`` is any mapping from torch key to numpy array (``np.load`` of an ``.npz``, or
 ``{k: v.numpy() for k, v in torch.load(...).items()}``). A zoo model's keys are located through its family's
-rule table (``snnjax.interop.rules.TABLES``, picked by the model's class); any other model's (a
-``snnjax.Sequential``, your own) layer by layer (``snnjax.interop.layers.layer_locator``: ``prefixes``,
-``rules``). One policy for both: every variable of the model must be given, and every key must land on one
-(keys with no counterpart are refused unless ``allow_unused=True``); a key's array must fit its variable.
+rule table (declared in its model file with ``snnjax.models.registry.register_rules``, picked by the model's
+class); any other model's (a ``snnjax.Sequential``, your own) layer by layer
+(``snnjax.interop.layers.layer_locator``: ``prefixes``, ``rules``). One policy for both: every variable of the
+model must be given, and every key must land on one (keys with no counterpart are refused unless
+``allow_unused=True``); a key's array must fit its variable.
 Refused imports load nothing and name the key, variable or shape.
 """
 from __future__ import annotations

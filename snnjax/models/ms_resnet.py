@@ -39,7 +39,7 @@ from snnjax import layers
 from snnjax import layers as snn_layers  # MSResNet's ``layers`` keyword is SpikingJelly's block counts
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.spiking_attention import TORCH_INIT
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import surrogate as sg
@@ -220,3 +220,16 @@ _SIZE_KEYS = ("in_channels", "num_classes", "T")
 register("ms_resnet18", MSResNet, _sizes, _SIZE_KEYS, {"layers": (2, 2, 2, 2)}, {"stage_channels": tuple})
 register("ms_resnet34", MSResNet, _sizes, _SIZE_KEYS, {"layers": (3, 4, 6, 3)}, {"stage_channels": tuple})
 register("max_resnet18", MaxResNet, _sizes, _SIZE_KEYS, MAX_RESNET18, {"stage_channels": tuple})
+
+# SpikingJelly's ms_resnet keys (MaxResNet's too, a subclass).
+register_rules(MSResNet, [
+    Rule(r"stem\.0", "stem_conv", "conv"),
+    Rule(r"stem\.1", "stem_bn", "bn"),
+    Rule(r"(layer[1-4])\.(\d+)\.(conv[12])", "{1}.{2}.{3}", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.(bn[12])", "{1}.{2}.{3}", "bn"),
+    Rule(r"(layer[1-4])\.(\d+)\.(spike[12])", "{1}.{2}.{3}", "neuron"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.0", "{1}.{2}.downsample_conv", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.1", "{1}.{2}.downsample_bn", "bn"),
+    Rule(r"head_lif", "head_lif", "neuron"),
+    Rule(r"head", "head", "linear"),
+])

@@ -22,6 +22,7 @@ num_features}`` after (``sj_key``).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ from flax import nnx
 
 from snnjax import layers
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.sequential import Sequential
 from snnjax.models.spiking_vgg import _INITS
 from snnjax.neurons.modules import BaseNode
@@ -161,3 +162,19 @@ for _name, (_cfg, _ws, _light) in _PRESETS.items():
     register(_name, OTTTSpikingVGG, _sizes, ("in_channels", "num_classes"),
              {"cfg": CFGS[_cfg], "weight_standardization": _ws, "light_classifier": _light,
               "spiking_neuron": "OTTTLIFNode", "v_reset": None})  # OTTTLIFNode's soft reset (configs default to 0.0)
+
+
+def _import_rules(model: OTTTSpikingVGG) -> list[Rule]:
+    """SpikingJelly's ``features.{i}`` / ``classifier.{j}`` are layer ``i`` / ``num_features + j`` (``sj_key``);
+    each layer's kind by its type (the flatten is torch's order: linear layers as they are)."""
+    table = []
+    for i, layer in enumerate(model.layers):
+        kind = ("ws_conv" if isinstance(layer, layers.WSConv2d) else "conv" if isinstance(layer, nnx.Conv) else
+                "ws_linear" if isinstance(layer, layers.WSLinear) else "linear" if isinstance(layer, nnx.Linear)
+                else "neuron" if isinstance(layer, BaseNode) else None)
+        if kind is not None:
+            table.append(Rule(re.escape(model.sj_key(i)), f"layers.{i}", kind))
+    return table
+
+
+register_rules(OTTTSpikingVGG, _import_rules)

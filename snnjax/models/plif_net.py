@@ -36,7 +36,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
 from snnjax.parallel.logical import alternate
@@ -156,3 +156,21 @@ def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 for _name, _preset in PRESETS.items():
     register(f"{_name}_net", ParametricLIFNet, _sizes, ("in_channels", "image_size", "num_classes"), _preset)
+
+
+def _import_rules(model: ParametricLIFNet) -> list[Rule]:
+    """SpikingJelly's keys: the ``conv_fc`` Sequential holds ``Conv, BN, neuron, MaxPool`` per conv stage, then
+    ``Flatten, Dropout, Linear, neuron, Dropout, Linear, neuron, VotingLayer``."""
+    table = []
+    for i in range(len(model.features)):
+        table += [Rule(rf"conv_fc\.{4 * i}", f"features.{i}.conv", "conv"),
+                  Rule(rf"conv_fc\.{4 * i + 1}", f"features.{i}.bn", "bn"),
+                  Rule(rf"conv_fc\.{4 * i + 2}", f"features.{i}.neuron", "neuron")]
+    head = 4 * len(model.features)
+    return table + [Rule(rf"conv_fc\.{head + 2}", "fc1", "flat_linear"),
+                    Rule(rf"conv_fc\.{head + 3}", "sn1", "neuron"),
+                    Rule(rf"conv_fc\.{head + 5}", "fc2", "linear"),
+                    Rule(rf"conv_fc\.{head + 6}", "sn2", "neuron")]
+
+
+register_rules(ParametricLIFNet, _import_rules)  # DVSGestureNet, CIFAR10DVSNet, NMNISTNet

@@ -32,7 +32,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.spiking_attention import TORCH_INIT, Projection, QKAttention, SpikingSelfAttention
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
@@ -202,3 +202,22 @@ def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 register("qkformer", QKFormer, _sizes, ("in_channels", "num_classes", "T"))
+
+# SpikingJelly's qkformer keys.
+_E = r"patch_embed(?P<s>[123])"
+_B = r"stage(?P<s>[123])\.(?P<i>\d+)"
+register_rules(QKFormer, [
+    Rule(rf"{_E}\.conv(?P<j>[123])", "patch_embed{s}.conv{j}.conv", "conv"),
+    Rule(rf"{_E}\.bn(?P<j>[123])", "patch_embed{s}.conv{j}.bn", "bn"),
+    Rule(rf"{_E}\.lif(?P<j>[123])", "patch_embed{s}.lif{j}", "neuron"),
+    Rule(rf"{_E}\.shortcut\.0", "patch_embed{s}.shortcut.conv", "conv"),
+    Rule(rf"{_E}\.shortcut\.1", "patch_embed{s}.shortcut.bn", "bn"),
+    Rule(rf"{_E}\.shortcut\.2", "patch_embed{s}.shortcut_lif", "neuron"),
+    Rule(rf"{_B}\.attn\.(?P<p>qkv|qk|proj)_conv_bn\.0", "stage{s}.{i}.attn.{p}.fc", "linear"),
+    Rule(rf"{_B}\.attn\.(?P<p>qkv|qk|proj)_conv_bn\.1", "stage{s}.{i}.attn.{p}.bn", "bn"),
+    Rule(rf"{_B}\.attn\.(?P<n>qkv|qk|attn|proj)_lif", "stage{s}.{i}.attn.{n}_lif", "neuron"),
+    Rule(rf"{_B}\.mlp\.fc(?P<j>[12])", "stage{s}.{i}.mlp.fc{j}.fc", "linear"),
+    Rule(rf"{_B}\.mlp\.bn(?P<j>[12])", "stage{s}.{i}.mlp.fc{j}.bn", "bn"),
+    Rule(rf"{_B}\.mlp\.lif(?P<j>[12])", "stage{s}.{i}.mlp.lif{j}", "neuron"),
+    Rule(r"head", "head", "linear"),
+])

@@ -1,8 +1,13 @@
-"""Model registry: build a model by name from config-style keyword arguments, its sizes read from the data.
+"""Model registry: build a model by name from config-style keyword arguments, its sizes read from the data; and
+each family's SpikingJelly weight-import table.
 
 Each model file registers its names (``register``) with its constructor and how its input/output
-sizes follow from the data (:class:`DataShape`), so the trainer needs no per-model code: a new family
-registers from its own file (imported by ``snnjax.models``).
+sizes follow from the data (:class:`DataShape`), so the trainer needs no per-model code, and its class's
+weight-import table (``register_rules``: a list of :class:`Rule`, torch module -> snnjax module), so the importer
+(``snnjax.interop``) needs none either: a new family registers from its own file (imported by ``snnjax.models``).
+The table's type lives here, not in ``snnjax.interop``, because models may not import the interop package (it
+imports them: ``tests/test_architecture.py``); a rule's ``kind`` is a name, which the importer maps to its
+converter (``snnjax.interop.rules.KINDS``).
 
 Config values: ``spiking_neuron`` is a neuron name (``IF``, ``LIF``, ``PLIF``, a catalogue class's name);
 ``surrogate_function`` a surrogate name (``"atan"``); a neuron keyword left None is not given (the neuron's or the
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -79,6 +84,53 @@ def register(name: str, build: Callable[..., nnx.Module], sizes: Callable[[DataS
     if old is not None and (old.build.__module__, old.build.__qualname__) != (build.__module__, build.__qualname__):
         raise ValueError(f"model {name!r} is already registered by {old.build.__module__}.{old.build.__qualname__}")
     REGISTRY[name] = ModelEntry(build, sizes, tuple(size_keys), dict(defaults or {}), dict(option_types or {}))
+
+
+# The layer kinds a Rule may name; ``snnjax.interop.rules.KINDS`` maps each to the parameters' renaming and layout.
+RULE_KINDS = ("conv", "linear", "flat_linear", "bn", "ws_conv", "ws_linear", "neuron")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """torch module prefix ``pattern`` (a regular expression, a full match) -> snnjax module ``target``, of ``kind``.
+
+    ``target`` is a dotted module path whose ``{1}``, ``{2}``, ... or ``{name}`` fields are the expression's groups;
+    ``kind`` (one of ``RULE_KINDS``) says how the module's parameters are renamed and laid out (``conv``, ``linear``,
+    ``bn``; ``flat_linear``, a linear layer after a flatten of ``[C, H, W]``, needs the model's ``feature_shape``,
+    the ``[H, W, C]`` it flattens; ``neuron``: a learned neuron parameter such as PLIF's ``w``; see
+    ``snnjax.interop.rules``).
+    """
+
+    pattern: str
+    target: str
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in RULE_KINDS:
+            raise ValueError(f"Rule kind must be one of {RULE_KINDS}, got {self.kind!r} (rule {self.pattern!r})")
+
+
+# Model class -> its family's weight-import table, a function of the model (its depth, pools, ...).
+IMPORT_TABLES: dict[type, Callable[[nnx.Module], Sequence[Rule]]] = {}
+
+
+def register_rules(cls: type, rules: Sequence[Rule] | Callable[[nnx.Module], Sequence[Rule]]) -> None:
+    """Register the SpikingJelly weight-import table of model class ``cls`` and its subclasses: a list of
+    :class:`Rule` (the first whose pattern matches a torch key's module prefix wins), or a function of the model
+    returning one. ``snnjax.interop.import_state_dict`` then loads SpikingJelly checkpoints into the model."""
+    if not isinstance(cls, type):
+        raise TypeError(f"register_rules takes the model class as cls, got {cls!r}")
+    if cls in IMPORT_TABLES:
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__} already has an import table; register one per class")
+    IMPORT_TABLES[cls] = rules if callable(rules) else (lambda model, fixed=tuple(rules): fixed)
+
+
+def import_table(model: nnx.Module) -> Sequence[Rule] | None:
+    """The weight-import table of ``model``'s class, or of its nearest registered base class; None if none has one."""
+    for cls in type(model).__mro__:
+        if cls in IMPORT_TABLES:
+            return IMPORT_TABLES[cls](model)
+    return None
 
 
 def image_frame(data: DataShape, model: str) -> tuple[int, int, int]:

@@ -37,7 +37,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
 
@@ -263,3 +263,16 @@ for _depth in DEPTHS:
              {"stage_blocks": tuple})
     register(f"sew_resnet{_depth}", ResNet, _sizes, ("in_channels", "num_classes"), {"depth": _depth, "cnf": "ADD"},
              {"stage_blocks": tuple})
+
+# SpikingJelly's spiking_resnet and sew_resnet keys (one table: the same module names).
+register_rules(ResNet, [
+    Rule(r"conv1", "conv1", "conv"),
+    Rule(r"bn1", "bn1", "bn"),
+    Rule(r"sn1", "sn1", "neuron"),
+    Rule(r"fc", "fc", "linear"),
+    Rule(r"(layer[1-4])\.(\d+)\.(conv[1-3])", "{1}.{2}.{3}", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.(bn[1-3])", "{1}.{2}.{3}", "bn"),
+    Rule(r"(layer[1-4])\.(\d+)\.(sn[1-3]|downsample_sn)", "{1}.{2}.{3}", "neuron"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.0", "{1}.{2}.downsample_conv", "conv"),
+    Rule(r"(layer[1-4])\.(\d+)\.downsample\.1", "{1}.{2}.downsample_bn", "bn"),
+])

@@ -32,7 +32,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.spiking_attention import TORCH_INIT, Projection, SpikeDrivenSelfAttention
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
@@ -194,3 +194,24 @@ def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 register("sdt", SpikeDrivenTransformer, _sizes, ("in_channels", "num_classes", "T"))
+
+# SpikingJelly's spike_driven_transformer keys; its 1x1 Conv2d / Conv1d projections are linear.
+_I = r"(?P<i>\d+)"
+register_rules(SpikeDrivenTransformer, [
+    Rule(rf"patch_embed\.stages\.{_I}\.0", "stages.{i}.conv", "conv"),
+    Rule(rf"patch_embed\.stages\.{_I}\.1", "stages.{i}.bn", "bn"),
+    Rule(rf"patch_embed\.stages\.{_I}\.2", "stages.{i}.lif", "neuron"),
+    Rule(r"patch_embed\.final_stage\.0", "final.conv", "conv"),
+    Rule(r"patch_embed\.final_stage\.1", "final.bn", "bn"),
+    Rule(r"patch_embed\.final_lif", "final.lif", "neuron"),
+    Rule(r"patch_embed\.rpe_conv", "final.rpe_conv", "conv"),
+    Rule(r"patch_embed\.rpe_bn", "final.rpe_bn", "bn"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<p>q|k|v|proj)_conv", "blocks.{i}.attn.{p}.fc", "linear"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<p>q|k|v|proj)_bn", "blocks.{i}.attn.{p}.bn", "bn"),
+    Rule(rf"blocks\.{_I}\.attn\.(?P<n>shortcut|q|k|v|attn)_lif", "blocks.{i}.attn.{n}_lif", "neuron"),
+    Rule(rf"blocks\.{_I}\.mlp\.fc(?P<j>[12])", "blocks.{i}.mlp.fc{j}.fc", "linear"),
+    Rule(rf"blocks\.{_I}\.mlp\.bn(?P<j>[12])", "blocks.{i}.mlp.fc{j}.bn", "bn"),
+    Rule(rf"blocks\.{_I}\.mlp\.lif(?P<j>[12])", "blocks.{i}.mlp.lif{j}", "neuron"),
+    Rule(r"head_lif", "head_lif", "neuron"),
+    Rule(r"head", "head", "linear"),
+])

@@ -33,7 +33,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import ATTENTION, Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.spiking_attention import Projection, SpikingSelfAttention
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
@@ -197,3 +197,20 @@ def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 register("spikformer", Spikformer, _sizes, ("in_channels", "img_size_h", "img_size_w", "num_classes", "T"))
+
+# SpikingJelly's spikformer keys.
+register_rules(Spikformer, [
+    Rule(r"patch_embed\.stages\.(\d+)\.conv_bn\.block\.0", "stages.{1}.conv", "conv"),
+    Rule(r"patch_embed\.stages\.(\d+)\.conv_bn\.block\.1", "stages.{1}.bn", "bn"),
+    Rule(r"patch_embed\.positional_encoding\.conv_bn\.block\.0", "positional_encoding.conv", "conv"),
+    Rule(r"patch_embed\.positional_encoding\.conv_bn\.block\.1", "positional_encoding.bn", "bn"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|proj)_conv_bn\.0", "blocks.{1}.attn.{2}.fc", "linear"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|proj)_conv_bn\.1", "blocks.{1}.attn.{2}.bn", "bn"),
+    Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.0", "blocks.{1}.mlp.{2}.fc", "linear"),
+    Rule(r"blocks\.(\d+)\.mlp\.(fc[12])\.1", "blocks.{1}.mlp.{2}.bn", "bn"),
+    Rule(r"patch_embed\.stages\.(\d+)\.neuron", "stages.{1}.neuron", "neuron"),
+    Rule(r"patch_embed\.positional_encoding\.neuron", "positional_encoding.neuron", "neuron"),
+    Rule(r"blocks\.(\d+)\.attn\.(qkv|attn|proj)_lif", "blocks.{1}.attn.{2}_lif", "neuron"),
+    Rule(r"blocks\.(\d+)\.mlp\.(neuron[12])", "blocks.{1}.mlp.{2}", "neuron"),
+    Rule(r"head", "head", "linear"),
+])

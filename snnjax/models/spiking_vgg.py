@@ -32,7 +32,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
 from snnjax.parallel.logical import alternate, constrain
@@ -211,3 +211,25 @@ for _depth, _cfg in CFGS.items():
     for _bn in (False, True):
         register(f"spiking_vgg{_depth}{'_bn' if _bn else ''}", SpikingVGG, _sizes, ("in_channels", "num_classes"),
                  {"cfg": _cfg, "batch_norm": _bn})
+
+
+def _import_rules(model: SpikingVGG) -> list[Rule]:
+    """SpikingJelly's keys: ``features`` holds ``Conv2d, [BatchNorm2d,] neuron`` per width of ``cfg`` and a
+    ``MaxPool2d`` per ``"M"`` (conv block ``j`` here), ``classifier`` holds ``Linear, neuron, Dropout, Linear,
+    neuron, Dropout, Linear``."""
+    table, t, j, bn = [], 0, 0, model.batch_norm
+    for v in model.cfg:
+        if v == "M":
+            t += 1
+            continue
+        table += [Rule(rf"features\.{t}", f"features.{j}.conv", "conv")]
+        if bn:
+            table += [Rule(rf"features\.{t + 1}", f"features.{j}.bn", "bn")]
+        table += [Rule(rf"features\.{t + 1 + bn}", f"features.{j}.neuron", "neuron")]
+        t, j = t + 2 + bn, j + 1
+    return table + [Rule(r"classifier\.0", "fc1", "flat_linear"), Rule(r"classifier\.1", "sn1", "neuron"),
+                    Rule(r"classifier\.3", "fc2", "linear"), Rule(r"classifier\.4", "sn2", "neuron"),
+                    Rule(r"classifier\.6", "fc3", "linear")]
+
+
+register_rules(SpikingVGG, _import_rules)

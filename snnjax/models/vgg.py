@@ -28,7 +28,7 @@ from flax import nnx
 from snnjax import layers
 from snnjax.models import remat
 from snnjax.models.neuron_options import Neurons
-from snnjax.models.registry import DataShape, image_frame, register
+from snnjax.models.registry import DataShape, Rule, image_frame, register, register_rules
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import ATan
 from snnjax.neurons.modules import BaseNode
@@ -130,3 +130,16 @@ def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 register("cifar10dvs_vgg", CIFAR10DVSVGG, _sizes, ("in_channels", "image_size", "num_classes"))
+
+
+def _import_rules(model: CIFAR10DVSVGG) -> list[Rule]:
+    """SpikingJelly's keys: block ``i``'s ``proj_bn`` Sequential holds ``[AvgPool2d,] Conv2d, BatchNorm`` (the pool
+    where block ``i`` pools), then ``classifier`` holds ``[Dropout,] Linear``."""
+    table = []
+    for i, block in enumerate(model.features):
+        table += [Rule(rf"features\.{i}\.proj_bn\.{int(block.pool)}", f"features.{i}.conv", "conv"),
+                  Rule(rf"features\.{i}\.proj_bn\.{int(block.pool) + 1}", f"features.{i}.bn", "bn")]
+    return table + [Rule(r"classifier\.\d+", "classifier", "flat_linear")]
+
+
+register_rules(CIFAR10DVSVGG, _import_rules)
