@@ -56,6 +56,8 @@ _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their
 class Sequential(nnx.Module):
     """``layers`` applied in order to ``x [T, N, ...]``; each layer an ``nnx.Module`` taking one array."""
 
+    hands_on_traces = True  # its layers take OTTT's (spike, trace) pairs (call_layer)
+
     def __init__(self, *layers: nnx.Module):
         if not layers:
             raise ValueError("Sequential needs at least one layer")
