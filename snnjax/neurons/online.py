@@ -131,7 +131,8 @@ def grad_with_trace(layer: nnx.Module, pair: SpikeTrace) -> jax.Array:
     return _replace_for_grad(out_for_grad, out)
 
 
-def _has_params(layer: nnx.Module) -> bool:
+def has_params(layer: nnx.Module) -> bool:
+    """Whether ``layer`` holds any ``nnx.Param``."""
     return bool(jax.tree.leaves(nnx.state(layer, nnx.Param)))
 
 
@@ -147,7 +148,7 @@ def call_layer(layer: nnx.Module, x):
         return layer(x)
     if isinstance(layer, OTTTLIFNode):
         return layer(x.spike)
-    if _has_params(layer):
+    if has_params(layer):
         return grad_with_trace(layer, x)
     t = x.spike.shape[0]
     both = layer(jnp.concatenate([x.spike, jax.lax.stop_gradient(x.trace)], axis=0))
