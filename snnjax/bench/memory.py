@@ -6,10 +6,12 @@ the online methods (``--methods bptt,ottt``: OTTT / SLTT, one time step at a tim
     python -m snnjax.bench.memory --model ottt_vgg --widths 8,16,A,32,32,A,64,64,A,64,64 --T 64 \\
         --methods bptt,ottt --plans none:float,units:float --steps 0
 
-``ottt_vgg`` is SpikingJelly's OTTT VGG (``OTTTSpikingVGG``) on CIFAR10-DVS-sized frames, ``--widths`` its ``cfg``,
-with ``OTTTLIFNode`` for ``ottt``, ``SLTTLIFNode`` for ``sltt`` and, for ``bptt``, ``LIFNode`` (the fused kernels)
-with OTTT's keywords (tau 2, no decay_input, soft reset, detach_reset). An online method runs the ``none:float``
-plan only (checkpointing plans are for BPTT).
+``ottt_vgg`` is SpikingJelly's OTTT VGG (``OTTTSpikingVGG``) on CIFAR10-DVS-sized frames, ``--widths`` its ``cfg``
+(default ``8,16,A,32,32,A,64,64,A,64,64``). ``cifar10dvs_vgg`` takes ``--widths`` too (default: its own): a width
+per block, ``A`` before a block that average-pools first. With ``--methods`` naming ``ottt`` or ``sltt`` either
+VGG is built with ``OTTTLIFNode`` for ``ottt``, ``SLTTLIFNode`` for ``sltt`` and, for ``bptt``, ``LIFNode`` (the
+fused kernels), all with OTTT's keywords (tau 2, no decay_input, soft reset, detach_reset). An online method runs
+the ``none:float`` plan only (checkpointing plans are for BPTT).
 
 One JSON line per plan: peak bytes per device from the compiled step's ``memory_analysis()``
 (arguments + non-aliased outputs + temporaries; exact for the program XLA built), flops from
@@ -32,7 +34,8 @@ DEFAULT_PLANS = "none:float,none:int8,none:bits,dots_saveable:bits,units:float,u
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(prog="python -m snnjax.bench.memory")
     ap.add_argument("--model", default="cifar10dvs_vgg", choices=["cifar10dvs_vgg", "spikformer", "mlp", "ottt_vgg"])
-    ap.add_argument("--widths", default="8,16,A,32,32,A,64,64,A,64,64", help="ottt_vgg's cfg (widths and A / M)")
+    ap.add_argument("--widths", default=None, help="ottt_vgg's cfg (widths and A / M; default 8,16,A,32,32,A,64,64,"
+                    "A,64,64) or cifar10dvs_vgg's blocks (widths, A before a pooling block; default its own)")
     ap.add_argument("--methods", default="bptt", help="comma-separated training methods: bptt, ottt, sltt")
     ap.add_argument("--T", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -55,11 +58,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     size = args.image_size or (224 if args.model == "spikformer" else 48)
     channels = {"spikformer": 3, "cifar10dvs_vgg": 2, "mlp": 2, "ottt_vgg": 2}[args.model]
-    vgg_cfg = tuple(int(w) if w.isdigit() else w for w in args.widths.split(","))
+    widths = args.widths or ("8,16,A,32,32,A,64,64,A,64,64" if args.model == "ottt_vgg" else None)
+    vgg_cfg = tuple(int(w) if w.isdigit() else w for w in widths.split(",")) if widths else ()
+    blocks = {"widths": tuple(w for w in vgg_cfg if w != "A"),
+              "pools": tuple(i > 0 and vgg_cfg[i - 1] == "A" for i, w in enumerate(vgg_cfg) if w != "A")}
     kwargs = {"spikformer": dict(T=args.T, img_size_h=size,
                                  img_size_w=size, in_channels=3, num_classes=1000, embed_dims=256,
                                  num_heads=8, depths=4),
-              "cifar10dvs_vgg": dict(image_size=size, in_channels=2, num_classes=10),
+              "cifar10dvs_vgg": dict(image_size=size, in_channels=2, num_classes=10, **(blocks if widths else {})),
               "mlp": dict(in_features=size * size * 2, hidden=(1024, 1024), num_classes=10),
               "ottt_vgg": dict(cfg=vgg_cfg, in_channels=2, num_classes=10)}[args.model]
     name = "ottt_spiking_vggws" if args.model == "ottt_vgg" else args.model
@@ -67,7 +73,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tx = optax.adam(1e-3)
 
     def model_kwargs(method: str) -> dict:
-        if args.model != "ottt_vgg":
+        online_run = args.methods != "bptt"
+        if args.model != "ottt_vgg" and not (args.model == "cifar10dvs_vgg" and online_run):
             return kwargs
         neuron = {"bptt": "LIF", "ottt": "OTTTLIFNode", "sltt": "SLTTLIFNode"}[method]
         return {**kwargs, "spiking_neuron": neuron, "tau": 2.0, "decay_input": False, "v_reset": None,
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rng = np.random.default_rng(0)
     batch = {"inputs": jnp.asarray((rng.random(shape) < 0.3).astype(np.float32) * 2.0),
              "labels": jnp.asarray(rng.integers(0, 10, args.batch_size), jnp.int32)}
-    base = {"model": args.model, **({"widths": args.widths} if args.model == "ottt_vgg" else {}), "T": args.T,
+    base = {"model": args.model, **({"widths": widths} if widths else {}), "T": args.T,
             "batch_size": args.batch_size, "image_size": size,
             "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "commit": git_commit()}
     records, none_peak = [], None

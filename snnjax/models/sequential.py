@@ -10,10 +10,11 @@
 
 Every layer takes and returns time-major tensors (``[T, N, ...]``). The chain of units that
 pipeline stages and activation checkpointing cut at (``units()``, ``snnjax.models.units``) is
-made from the layers: a unit ends after each spiking neuron, and whatever follows the last
-neuron (a classifier head) is one more unit. Layer ``i`` is ``net.layers[i]``; its variables'
-paths start ``layers.i`` (and its SpikingJelly ``nn.Sequential`` key prefix is ``i.``, which
-``snnjax.interop.layers`` uses to import such a model's weights).
+made from the layers: a unit ends after each spiking neuron and the layers without parameters
+right after it (scaling, pooling, flatten), and whatever follows (a classifier head) is one more
+unit. Layer ``i`` is ``net.layers[i]``; its variables' paths start ``layers.i`` (and its
+SpikingJelly ``nn.Sequential`` key prefix is ``i.``, which ``snnjax.interop.layers`` uses to
+import such a model's weights).
 
 ``Sequential.from_specs(in_shape, specs, rngs=...)`` builds the layers from plain dicts, the sizes
 following from ``in_shape`` (one example at one time step, ``(H, W, C)`` or ``(F,)``); a NIR graph
@@ -47,7 +48,7 @@ from snnjax.models import remat
 from snnjax.models.neuron_options import from_spec
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons.modules import BaseNode
-from snnjax.neurons.online import call_layer
+from snnjax.neurons.online import call_layer, has_params
 
 KINDS = ("flatten", "linear", "conv", "batchnorm", "avgpool", "maxpool", "dropout", "neuron")
 _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their input is
@@ -55,6 +56,8 @@ _KEEPS_SPIKES = (Flatten, MaxPool2d)  # layers whose output is binary when their
 
 class Sequential(nnx.Module):
     """``layers`` applied in order to ``x [T, N, ...]``; each layer an ``nnx.Module`` taking one array."""
+
+    hands_on_traces = True  # its layers take OTTT's (spike, trace) pairs (call_layer)
 
     def __init__(self, *layers: nnx.Module):
         if not layers:
@@ -78,9 +81,16 @@ class Sequential(nnx.Module):
         return cls(*built)
 
     def groups(self) -> list[list[int]]:
-        """The layer indices of each unit: a unit ends after each neuron; the layers after the last one form one."""
+        """The layer indices of each unit: a unit ends after each neuron and the layers without parameters right
+        after it (scaling, pooling, flatten); the layers after those form one more."""
         out, current = [], []
         for i, layer in enumerate(self.layers):
+            # A parameter-free layer starting a unit would be recomputed from the spikes it reads, and XLA then keeps
+            # more than it saves (the OTTT VGG's Scale: `units` checkpointing lowered no peak); after a pooling the
+            # kept tensor is smaller too.
+            if not current and out and not isinstance(layer, BaseNode) and not has_params(layer):
+                out[-1].append(i)
+                continue
             current.append(i)
             if isinstance(layer, BaseNode):
                 out.append(current)

@@ -8,7 +8,9 @@ as SpikingJelly's.
 Neurons (``snnjax.models.neuron_options``): SpikingJelly's model takes ``tau`` (1.333), ``decay_input``
 (False), ``detach_reset`` (True) and ``surrogate_function`` (``ATan()``) for its LIF neurons; here they
 are the ``spiking_neuron=None`` defaults of the neuron keywords (``**kwargs``), and a
-``spiking_neuron`` class (an snnjax extension) takes the given keywords over its own defaults.
+``spiking_neuron`` class (an snnjax extension) takes the given keywords over its own defaults. With
+``spiking_neuron=OTTTLIFNode`` it trains with ``method="ottt"``: the blocks and the head run their layers through
+``snnjax.neurons.online.call_layer`` as a ``Sequential`` of the same layers does (SpikingJelly's ``OTTTSequential``).
 
 Tensor parallelism: the convolutions alternate column-parallel (output channels
 ``mlp``) and row-parallel (input channels ``mlp``); bias, BatchNorm parameters and
@@ -32,6 +34,7 @@ from snnjax.models.registry import DataShape, Rule, image_frame, register, regis
 from snnjax.models.units import Unit, run_units
 from snnjax.neurons import ATan
 from snnjax.neurons.modules import BaseNode
+from snnjax.neurons.online import call_layer
 from snnjax.parallel.logical import alternate, constrain
 
 DEFAULT_WIDTHS = (64, 128, 256, 256, 512, 512, 512, 512)
@@ -55,18 +58,22 @@ class VGGBlock(nnx.Module):
         self.neuron = neuron
         self.row_parallel = axes[1] != "mlp"
 
+    hands_on_traces = True  # OTTT's (spike, trace) pairs pass through call_layer, as in a Sequential
+
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.avgpool is not None:
-            x = self.avgpool(x)
-        y = self.conv(x)
+            x = call_layer(self.avgpool, x)
+        y = call_layer(self.conv, x)
         if self.row_parallel:  # whole channels after the partial sums; rows split under sequence parallelism
             y = constrain(y, ("time", "batch", "height", None, "embed"))
-        return self.neuron(self.bn(y))
+        return call_layer(self.neuron, call_layer(self.bn, y))
 
 
 class CIFAR10DVSVGG(nnx.Module):
     """Spiking VGG; ``widths``/``pools`` configure the 8 blocks (SpikingJelly's by default). ``spiking_neuron`` and
     ``**kwargs`` (the neuron keywords): see the module docstring. ``rngs``: default ``nnx.Rngs(0)``."""
+
+    hands_on_traces = True
 
     def __init__(self, *, widths: Sequence[int] = DEFAULT_WIDTHS, pools: Sequence[bool] = DEFAULT_POOLS,
                  in_channels: int = 2, image_size: int = 48, num_classes: int = 10, dropout: float = 0.25,
@@ -113,7 +120,9 @@ def _call(module: nnx.Module, x: jax.Array) -> jax.Array:
 
 
 def _head(model: CIFAR10DVSVGG, x: jax.Array) -> jax.Array:
-    return model.classifier(model.dropout(model.flatten(model.pool(x))))
+    for layer in (model.pool, model.flatten, model.dropout, model.classifier):
+        x = call_layer(layer, x)
+    return x
 
 
 def _sizes(data: DataShape, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,11 @@ step can run forward and backward one time step at a time with activation memory
 
 ``OTTTLIFNode`` also keeps the presynaptic trace ``a = a (1 - 1/tau) + S`` (no gradient) as a second state
 variable. Inside ``ottt_traces()`` a single-step call returns ``SpikeTrace(spike, trace)``, and a ``Sequential``
-hands the pair on (SpikingJelly's ``OTTTSequential``): layers without parameters act on both, a layer with
-parameters outputs its value on the spikes while its gradient is taken as if its input were the trace
-(``grad_with_trace``), so its weight gradient is ``dL/dy`` times the trace and its input gradient reaches the
-spikes. Outside the context (evaluation, streaming, multi-step mode) the neurons return spikes only.
+(or a model whose layers run through ``call_layer``, such as ``CIFAR10DVSVGG``) hands the pair on (SpikingJelly's
+``OTTTSequential``): layers without parameters act on both, a layer with parameters outputs its value on the spikes
+while its gradient is taken as if its input were the trace (``grad_with_trace``), so its weight gradient is ``dL/dy``
+times the trace and its input gradient reaches the spikes. Outside the context (evaluation, streaming, multi-step
+mode) the neurons return spikes only.
 """
 from __future__ import annotations
 
@@ -130,19 +131,24 @@ def grad_with_trace(layer: nnx.Module, pair: SpikeTrace) -> jax.Array:
     return _replace_for_grad(out_for_grad, out)
 
 
-def _has_params(layer: nnx.Module) -> bool:
+def has_params(layer: nnx.Module) -> bool:
+    """Whether ``layer`` holds any ``nnx.Param``."""
     return bool(jax.tree.leaves(nnx.state(layer, nnx.Param)))
 
 
 def call_layer(layer: nnx.Module, x):
-    """One layer of a ``Sequential`` on ``x``, an array or a ``SpikeTrace`` (SpikingJelly's ``OTTTSequential``): an
-    ``OTTTLIFNode`` takes the spikes, a layer with parameters ``grad_with_trace``, any other layer both (stacked on
-    the time axis, so a dropout shared over time masks both alike; the trace without gradient)."""
+    """One layer on ``x``, an array or a ``SpikeTrace`` (SpikingJelly's ``OTTTSequential``): an ``OTTTLIFNode`` takes
+    the spikes, a layer with parameters ``grad_with_trace``, any other layer both (stacked on the time axis, so a
+    dropout shared over time masks both alike; the trace without gradient).
+
+    A module that runs its layers through ``call_layer`` (``Sequential``, ``CIFAR10DVSVGG`` and its blocks) says so
+    with the class attribute ``hands_on_traces = True``: ``method="ottt"`` trains a model only where each
+    ``OTTTLIFNode`` is held by such a module (``snnjax.train.online.check_model``)."""
     if not isinstance(x, SpikeTrace):
         return layer(x)
     if isinstance(layer, OTTTLIFNode):
         return layer(x.spike)
-    if _has_params(layer):
+    if has_params(layer):
         return grad_with_trace(layer, x)
     t = x.spike.shape[0]
     both = layer(jnp.concatenate([x.spike, jax.lax.stop_gradient(x.trace)], axis=0))

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from snnjax.models.sequential import Sequential
 from snnjax.neurons.modules import BaseNode, MembranePotential
 from snnjax.neurons.online import OTTTLIFNode, ottt_traces
 from snnjax.neurons.psn import PSN, MaskedPSN, SlidingPSN
@@ -36,8 +35,8 @@ METHODS = ("bptt", "ottt", "sltt")
 
 def check_model(model: nnx.Module, method: str) -> None:
     """Raise ``ValueError`` if ``model`` cannot be trained by ``method`` one step at a time: it needs spiking
-    neurons, and for ``"ottt"`` at least one ``OTTTLIFNode``, each inside a ``snnjax.Sequential`` (whose layers take
-    its ``(spike, trace)`` pairs)."""
+    neurons, and for ``"ottt"`` at least one ``OTTTLIFNode``, each held by a module whose layers take its
+    ``(spike, trace)`` pairs (``hands_on_traces``, see ``snnjax.neurons.online.call_layer``)."""
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not a training method; choose one of {list(METHODS)}")
     if method == "bptt":
@@ -53,15 +52,26 @@ def check_model(model: nnx.Module, method: str) -> None:
                          "no spiking neuron (snnjax.neurons): use method='bptt'")
     if method != "ottt":
         return
-    ottt = {id(m) for _, m in nnx.iter_modules(model) if isinstance(m, OTTTLIFNode)}
+    modules = dict(nnx.iter_modules(model))
+    ottt = [path for path, m in modules.items() if isinstance(m, OTTTLIFNode)]
     if not ottt:
         raise ValueError(f"method='ottt' takes its weight gradients from OTTTLIFNode traces; {name} has no "
                          "OTTTLIFNode: build it with spiking_neuron=OTTTLIFNode, or use method='sltt'")
-    in_sequential = {id(layer) for _, m in nnx.iter_modules(model) if isinstance(m, Sequential) for layer in m.layers}
-    if ottt - in_sequential:
-        raise ValueError(f"method='ottt': {name} calls an OTTTLIFNode outside a snnjax.Sequential, whose layers take "
-                         "its (spike, trace) pairs (SpikingJelly's OTTTSequential); write that part as a Sequential "
-                         "or use method='sltt'")
+    for path in ottt:
+        parent = _parent(modules, path)
+        if not getattr(parent, "hands_on_traces", False):
+            raise ValueError(f"method='ottt': {name} calls the OTTTLIFNode {'.'.join(map(str, path))} in a "
+                             f"{type(parent).__name__}, whose layers do not take its (spike, trace) pairs; write that "
+                             "part as a snnjax.Sequential (SpikingJelly's OTTTSequential) or use method='sltt'")
+
+
+def _parent(modules: dict, path: tuple) -> nnx.Module:
+    """The module that holds the module at ``path`` (through any ``nnx.List`` / ``nnx.Dict``)."""
+    for end in range(len(path) - 1, -1, -1):
+        m = modules.get(path[:end])
+        if m is not None and not isinstance(m, (nnx.List, nnx.Dict)):
+            return m
+    raise AssertionError(path)
 
 
 def online_gradients(cfg, graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state, x: jax.Array,
