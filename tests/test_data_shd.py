@@ -5,12 +5,14 @@ builders (number: equal counts; time: exact division of the span; duration: 1000
 """
 import math
 import os
+import re
+import time
 
 import numpy as np
 import pytest
 from helpers import write_shd_h5
 
-from snnjax.data import Loader
+from snnjax.data import Loader, spike_cache
 from snnjax.data.frames import FrameSpec
 from snnjax.data.registry import get_source
 
@@ -127,9 +129,11 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
     root, train, _ = shd_dir
     cached = get_source("shd", "train", data_dir=root, time_steps=4)
     direct = get_source("shd", "train", data_dir=root, time_steps=4, cache=False)
-    assert (root / "shd_train.h5.spikes" / "key.txt").exists()
+    here = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=root / "here", read_timeout=None)
+    for folder in (root, root / "here"):
+        assert (folder / "shd_train.h5.spikes" / "key.txt").exists()
     for i, (times, units) in enumerate(train):
-        for src in (cached, direct):
+        for src in (cached, direct, here):
             t, u = src.spikes(i)
             np.testing.assert_array_equal(t, times)
             np.testing.assert_array_equal(u, units)
@@ -140,6 +144,36 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
     again = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=str(root))
     assert len(again) == 2
     np.testing.assert_array_equal(again.spikes(1)[1], new[1][1])
+
+
+@pytest.mark.parametrize(("child", "cache", "reason"), [
+    ("import time\ntime.sleep(60)\n", True, "reading it did not finish within data.options.read_timeout=0.5 s"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", False,
+     "reading it crashed the HDF5 library (signal 11"),
+])
+def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monkeypatch, child, cache, reason):
+    """The first read of the file (the copy, or with cache=False every sample once) runs in a child process:
+    libhdf5 spins for minutes on some damaged heaps, in native code. Here a child that hangs or crashes as
+    libhdf5 did on a fuzzed file; the hang is cut at read_timeout."""
+    root, _, _ = shd_dir
+    script = root / "child.py"
+    script.write_text(child)
+    monkeypatch.setattr(spike_cache, "__file__", str(script))
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'shd_train.h5'}: {reason}")):
+        get_source("shd", "train", data_dir=root, time_steps=4, cache=cache, read_timeout=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_spike_copy_errors_name_the_option(shd_dir):
+    root, _, _ = shd_dir
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'shd_train.h5'}: data.options.read_timeout must be a "
+                                                   "positive number of seconds, got 0")):
+        get_source("shd", "train", data_dir=root, read_timeout=0)
+    (root / "a_file").write_text("")
+    with pytest.raises(OSError, match=r"cannot write the spike copy of .*shd_train.h5 in .*a_file.*set "
+                                      r"data.options.cache_dir to a writable folder"):
+        get_source("shd", "train", data_dir=root, cache_dir=root / "a_file" / "copies")
 
 
 def test_workers_read_the_same_batches(shd_dir):

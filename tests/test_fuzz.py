@@ -5,8 +5,8 @@ Each reader gets ``SNNJAX_FUZZ_EXAMPLES`` examples (default 100; the graph-value
 third of that, the NIR file a tenth), drawn the same way on every run (conftest's hypothesis profile); longer
 runs by hand: ``SNNJAX_FUZZ_EXAMPLES=1000 SNNJAX_HYPOTHESIS_RANDOM=1 pytest -n 0 tests/test_fuzz.py``.
 libhdf5 (native code under h5py) can spin for minutes on some damaged HDF5 files (a corrupt global heap):
-``from_nir`` reads a file in a child process with a time limit first; the SHD/SSC reader does not
-(docs/files.md), so a hand run of its fuzz test may stall on such a file.
+``from_nir`` and the SHD/SSC reader read a file in a child process with a time limit first
+(:mod:`snnjax.runtime.trial_read`).
 """
 import copy
 import io
@@ -200,8 +200,8 @@ def test_fuzz_nir_file(tmp_path):
 
 def test_fuzz_shd_file_contents(tmp_path):
     """Drawn datasets (dtypes, fixed or variable length, NaN, infinite, negative or huge values, labels): a
-    ValueError naming the file or frames. (Damaged bytes are not drawn here: libhdf5 spins for minutes on some
-    damaged heaps, in native code, which the SHD reader does not guard; docs/files.md.)"""
+    ValueError naming the file or frames. Read in this process (``read_timeout=None``: the files are h5py's own,
+    and a child process per example would cost ~0.2 s); the child's time bound: tests/test_data_shd.py."""
     import h5py  # noqa: PLC0415
 
     numbers = st.sampled_from([0.0, 0.5, 1.0, -1.0, np.nan, np.inf, 1e30, 699, 700, 2**31, -(2**31)])
@@ -222,7 +222,7 @@ def test_fuzz_shd_file_contents(tmp_path):
                         f.create_dataset(name, data=ragged(rows), dtype=h5py.vlen_dtype(dtype))
                 f.create_dataset("labels", data=np.full(n, label).astype(dtype_l))
             try:
-                source = HeidelbergSource(path, 20, FrameSpec(time_steps=2), cache=False)
+                source = HeidelbergSource(path, 20, FrameSpec(time_steps=2), cache=False, read_timeout=None)
                 frames, _ = source.read(np.arange(len(source)))
                 assert np.isfinite(frames).all()
             except ValueError as e:
