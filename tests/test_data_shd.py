@@ -60,17 +60,28 @@ def loop_duration(times, units, duration, steps):
     return frames[:steps]
 
 
-@pytest.fixture
-def shd_dir(tmp_path):
+def write_shd_dir(root):
     rng = np.random.default_rng(0)
     train, test = make_samples(rng, 6), make_samples(rng, 3, count=9)
-    write_shd_h5(tmp_path / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
-    write_shd_h5(tmp_path / "shd_test.h5", test, [1, 2, 3])
-    return tmp_path, train, test
+    write_shd_h5(root / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
+    write_shd_h5(root / "shd_test.h5", test, [1, 2, 3])
+    return root, train, test
 
 
-def test_frames_by_number_time_and_duration(shd_dir):
-    root, train, _ = shd_dir
+@pytest.fixture
+def shd_dir(tmp_path):
+    """Files of this test's own: it changes them or needs their spike copy not yet made."""
+    return write_shd_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    """Files only read: the tests share their spike copy (made once, in a child process of ~0.3 s)."""
+    return write_shd_dir(tmp_path_factory.mktemp("shd"))
+
+
+def test_frames_by_number_time_and_duration(shared_dir):
+    root, train, _ = shared_dir
     src = get_source("shd", "train", data_dir=root, time_steps=4)
     assert src.example_shape == (4, 700) and src.num_classes == 20 and len(src) == 6
     frames, labels = src.read(np.arange(6))
@@ -89,8 +100,8 @@ def test_frames_by_number_time_and_duration(shd_dir):
         assert frames.sum() == len(units) and frames[23:].sum() == 0
 
 
-def test_custom_integrator_and_resume(shd_dir):
-    root, train, _ = shd_dir
+def test_custom_integrator_and_resume(shared_dir):
+    root, train, _ = shared_dir
 
     def spike_total(events, steps, height, width):
         frames = np.zeros((steps, width))
@@ -165,10 +176,10 @@ def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monke
     assert time.monotonic() - start < 5
 
 
-def test_spike_copy_errors_name_the_option(shd_dir):
-    root, _, _ = shd_dir
-    with pytest.raises(ValueError, match=re.escape(f"{root / 'shd_train.h5'}: data.options.read_timeout must be a "
-                                                   "positive number of seconds, got 0")):
+def test_spike_copy_errors_name_the_option(shared_dir):
+    root, _, _ = shared_dir
+    with pytest.raises(ValueError, match=re.escape("data.options.read_timeout must be a positive number of seconds, "
+                                                   "got 0")):
         get_source("shd", "train", data_dir=root, read_timeout=0)
     (root / "a_file").write_text("")
     with pytest.raises(OSError, match=r"cannot write the spike copy of .*shd_train.h5 in .*a_file.*set "
@@ -176,8 +187,8 @@ def test_spike_copy_errors_name_the_option(shd_dir):
         get_source("shd", "train", data_dir=root, cache_dir=root / "a_file" / "copies")
 
 
-def test_workers_read_the_same_batches(shd_dir):
-    root, _, _ = shd_dir
+def test_workers_read_the_same_batches(shared_dir):
+    root, _, _ = shared_dir
     batches = []
     for workers, cache in ((1, True), (2, True), (2, False)):
         src = get_source("shd", "train", data_dir=root, time_steps=4, temporal_delete=3, num_workers=workers,

@@ -41,9 +41,9 @@ import numpy as np
 from snnjax.data.augment import AugmentedFrames, EventAugment
 from snnjax.data.events import Events, segment_bounds_by_number
 from snnjax.data.frames import FrameSpec, bounds_by_duration, bounds_by_time, count_segments
-from snnjax.data.spike_cache import SpikeFileError, check_samples, open_checked, spike_arrays
+from snnjax.data.spike_cache import OPTION, SpikeFileError, check_samples, open_checked, spike_arrays
 from snnjax.data.workers import Workers
-from snnjax.runtime.trial_read import READ_TIMEOUT
+from snnjax.runtime.trial_read import READ_TIMEOUT, check_timeout
 
 NUM_CHANNELS = 700
 HEIDELBERG = {  # name -> (classes, splits)
@@ -108,6 +108,8 @@ class HeidelbergSource(AugmentedFrames):
         if augment is not None and augment.spatial:
             raise ValueError(f"{augment} moves pixels, but SHD/SSC frames are [T, 700] channels: only "
                              "temporal_delete applies (data.options / keyword arguments)")
+        if read_timeout is not None:
+            check_timeout(read_timeout, OPTION)
         self.workers = Workers(num_workers, Path(path).stem)
         self.augment = augment if augment is not None and augment.active else None
         self.path = Path(path)

@@ -14,6 +14,12 @@ from collections.abc import Sequence
 READ_TIMEOUT = 120.0  # default seconds a trial read may take
 
 
+def check_timeout(timeout: float, option: str, error: type[ValueError] = ValueError) -> None:
+    """Raise ``error`` naming ``option`` unless ``timeout`` is a positive number of seconds."""
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise error(f"{option} must be a positive number of seconds, got {timeout!r}")
+
+
 def trial_read(args: Sequence[str], timeout: float, option: str,
                error: type[ValueError] = ValueError) -> subprocess.CompletedProcess[str]:
     """Run ``python *args`` in a child process, at most ``timeout`` seconds; its stdout and stderr as text.
@@ -28,8 +34,7 @@ def trial_read(args: Sequence[str], timeout: float, option: str,
       error: ``timeout`` is not positive, the child ran past it (it is killed), or it died of a signal.
         A child that exits with a status (a Python error) returns: the caller reads its output.
     """
-    if not timeout > 0:
-        raise error(f"{option} must be a positive number of seconds, got {timeout!r}")
+    check_timeout(timeout, option, error)
     try:
         result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
