@@ -158,8 +158,9 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
 
 
 @pytest.mark.parametrize(("child", "cache", "reason"), [
-    ("import time\ntime.sleep(60)\n", True, "reading it did not finish within data.options.read_timeout=0.5 s"),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", False,
+    ("import time\ndef read(*args):\n    time.sleep(60)\n", True,
+     "reading it did not finish within data.options.read_timeout=0.5 s"),
+    ("import os, signal\ndef read(*args):\n    os.kill(os.getpid(), signal.SIGSEGV)\n", False,
      "reading it crashed the HDF5 library (signal 11"),
 ])
 def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monkeypatch, child, cache, reason):
@@ -169,7 +170,7 @@ def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monke
     root, _, _ = shd_dir
     script = root / "child.py"
     script.write_text(child)
-    monkeypatch.setattr(spike_cache, "__file__", str(script))
+    monkeypatch.setattr(spike_cache, "_CHILD", f"{script}:read")
     start = time.monotonic()
     with pytest.raises(ValueError, match=re.escape(f"{root / 'shd_train.h5'}: {reason}")):
         get_source("shd", "train", data_dir=root, time_steps=4, cache=cache, read_timeout=0.5)

@@ -9,16 +9,14 @@ in random order. So the spikes are copied once, in chunks of :data:`CHUNK` sampl
 longer matches is rebuilt; the files are written under temporary names and renamed, ``key.txt`` last, so an
 interrupted build is redone rather than trusted. Training then reads only the copy, never the HDF5 file.
 
-libhdf5 can spin for minutes on a damaged heap, in native code (:mod:`snnjax.runtime.trial_read`): the check
-and copy run in a child process (this file run as a script: it imports only numpy and h5py, ~0.2 s) killed
-after ``timeout`` seconds. Without a copy (``cache=False``), the child reads every sample once, so that the
-reads in this process later are of bytes that libhdf5 has read in bounded time.
+libhdf5 can spin for minutes on a damaged heap, in native code: the check and copy run in the child process of
+:mod:`snnjax.runtime.trial_read` (which loads this file alone, importing numpy and h5py, not the snnjax
+package), killed after ``timeout`` seconds. Without a copy (``cache=False``), the child reads every sample
+once, so that the reads in this process later are of bytes that libhdf5 has read in bounded time.
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -121,6 +119,10 @@ def spike_arrays(h5_path: Path, cache_dir: Path,
       OSError: ``cache_dir`` cannot be written (the message says which option to set).
     """
     if _fresh_key(h5_path, cache_dir) is None:
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _unwritable(h5_path, cache_dir, err) from err
         _run(h5_path, cache_dir, timeout)
     fields = _fresh_key(h5_path, cache_dir)
     if fields is None:
@@ -150,18 +152,25 @@ def _run(h5_path: Path, cache_dir: Path | None, timeout: float | None) -> None:
     if timeout is None:
         _convert(h5_path, cache_dir)
         return
-    from snnjax.runtime.trial_read import trial_read  # noqa: PLC0415 (this file also runs as the child)
+    from snnjax.runtime.trial_read import trial_read  # noqa: PLC0415 (the child loads this file alone)
 
-    # -P: the child imports numpy and h5py, not this file's neighbours as top-level modules.
-    args = ["-P", __file__, str(h5_path), *([str(cache_dir)] if cache_dir is not None else [])]
-    result = trial_read(args, timeout, OPTION, SpikeFileError)
-    if result.returncode == 0:
+    outcome = trial_read(_CHILD, [str(h5_path), *([str(cache_dir)] if cache_dir is not None else [])], timeout,
+                         OPTION, SpikeFileError)
+    if outcome is None:
         return
-    try:
-        kind, message = json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise SpikeFileError(f"its trial read in a separate process failed: {result.stderr.strip()[-2000:]}") from None
-    raise (OSError if kind == "OSError" else SpikeFileError)(message)
+    kind, name, message = outcome
+    if kind == "OSError":
+        raise OSError(message)
+    raise SpikeFileError(message if name == "SpikeFileError" else
+                         f"its trial read in a separate process failed ({name}: {message})")
+
+
+def _child_convert(h5_path: str, cache_dir: str | None = None) -> None:
+    """:func:`_convert` in the child process (:mod:`snnjax.runtime.trial_read` loads this file alone)."""
+    _convert(Path(h5_path), Path(cache_dir) if cache_dir is not None else None)
+
+
+_CHILD = f"{__file__}:_child_convert"
 
 
 def _chunks(times, units):
@@ -196,9 +205,12 @@ def _convert(h5_path: Path, cache_dir: Path | None) -> None:
         try:
             _build(times, units, labels, cache_dir, key)
         except OSError as err:
-            raise OSError(f"cannot write the spike copy of {h5_path} in {cache_dir} ({err}); set "
-                          "data.options.cache_dir to a writable folder, or cache=False to read the HDF5 file "
-                          "sample by sample") from err
+            raise _unwritable(h5_path, cache_dir, err) from err
+
+
+def _unwritable(h5_path: Path, cache_dir: Path, err: OSError) -> OSError:
+    return OSError(f"cannot write the spike copy of {h5_path} in {cache_dir} ({err}); set data.options.cache_dir "
+                   "to a writable folder, or cache=False to read the HDF5 file sample by sample")
 
 
 def _save(cache_dir: Path, name: str, array: np.ndarray) -> None:
@@ -231,17 +243,3 @@ def _build(times, units, labels: np.ndarray, cache_dir: Path, key: str) -> None:
     _save(cache_dir, "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]))
     _save(cache_dir, "labels.npy", labels)
     (cache_dir / "key.txt").write_text(key)
-
-
-def _main(argv: list[str]) -> int:
-    """The child: ``spike_cache.py H5 [CACHE]``; a refusal is one JSON line ``[kind, message]`` on stdout."""
-    try:
-        _convert(Path(argv[0]), Path(argv[1]) if len(argv) > 1 else None)
-    except (SpikeFileError, OSError) as err:
-        print(json.dumps(["ValueError" if isinstance(err, SpikeFileError) else "OSError", str(err)]))
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -67,7 +67,7 @@ from snnjax.runtime.trial_read import READ_TIMEOUT, trial_read
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
 MAX_ELEMENTS = 1 << 27  # default bound on the elements a NIR file's arrays and an imported model's layers may hold
 # Run in a child process first: libhdf5 can spin for minutes on a damaged heap, or crash, in native code.
-_TRIAL_READ = "import sys, nir\nnir.read(sys.argv[1])\n"
+_TRIAL_READ = "nir:read"  # what the child process calls on the file (trial_read's target)
 
 
 class NIRError(ValueError):
@@ -295,7 +295,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
         return _from_graph(graph, dt, rngs, dtype, param_dtype, max_elements)
     try:
         _check_file_size(pathlib.Path(graph), max_elements)
-        trial_read(["-c", _TRIAL_READ, str(graph)], read_timeout, "read_timeout", NIRError)
+        trial_read(_TRIAL_READ, [str(graph)], read_timeout, "read_timeout", NIRError)  # its Python errors: below
         try:
             loaded = nir.read(graph)
         except Exception as e:  # noqa: BLE001 (nir.read raises many types for files it cannot parse)
