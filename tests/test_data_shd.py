@@ -177,6 +177,24 @@ def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monke
     assert time.monotonic() - start < 5
 
 
+def test_a_damaged_heap_that_makes_libhdf5_spin_is_refused_within_read_timeout(tmp_path):
+    """A real one, found by tests/test_fuzz.py: the objects of the file's first global heap collection zeroed make
+    libhdf5 (2.0.0 under h5py 3.16) spin in native code reading spikes/times (over 60 s by hand). The child
+    reading it is killed at read_timeout; a libhdf5 that refuses the heap instead raises its read error."""
+    rng = np.random.default_rng(3)
+    path = tmp_path / "shd_train.h5"
+    write_shd_h5(path, make_samples(rng, 3, count=6), [0, 5, 19])
+    data = bytearray(path.read_bytes())
+    start = data.index(b"GCOL") + 16  # the collection's header: signature, version, reserved, size
+    data[start:start + 202] = bytes(202)
+    path.write_bytes(bytes(data))
+    began = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ") + "(reading it did not finish within "
+                       r"data.options.read_timeout=1 s|samples 0..2 cannot be read)"):
+        get_source("shd", "train", data_dir=tmp_path, read_timeout=1)
+    assert time.monotonic() - began < 5
+
+
 def test_spike_copy_errors_name_the_option(shared_dir):
     root, _, _ = shared_dir
     with pytest.raises(ValueError, match=re.escape("data.options.read_timeout must be a positive number of seconds, "

@@ -202,14 +202,15 @@ def test_fuzz_nir_file(tmp_path):
 
 def test_fuzz_shd_file_bytes(tmp_path):
     """Damaged bytes of an SHD file: its first read (checks and spike copy) runs in the child process, cut at
-    read_timeout (libhdf5 spins for minutes on some damaged heaps); frames or a ValueError naming the file."""
+    read_timeout (libhdf5 spins for minutes on some damaged heaps: tests/test_data_shd.py has one); frames or a
+    ValueError naming the file."""
     rng = np.random.default_rng(3)
     path = tmp_path / "shd_train.h5"
     write_shd_h5(path, [(np.sort(rng.uniform(0, 1, 6)).astype(np.float16), rng.integers(0, 700, 6).astype(np.uint16))
                         for _ in range(3)], [0, 5, 19])
 
     def read(file):
-        source = HeidelbergSource(file, 20, FrameSpec(time_steps=2), cache_dir=file.parent, read_timeout=10)
+        source = HeidelbergSource(file, 20, FrameSpec(time_steps=2), cache_dir=file.parent, read_timeout=2)
         assert np.isfinite(source.read(np.arange(len(source)))[0]).all()
 
     fuzz(path.read_bytes(), read, suffix=".h5", examples=max(EXAMPLES // 2, 1))
