@@ -5,12 +5,14 @@ builders (number: equal counts; time: exact division of the span; duration: 1000
 """
 import math
 import os
+import re
+import time
 
 import numpy as np
 import pytest
 from helpers import write_shd_h5
 
-from snnjax.data import Loader
+from snnjax.data import Loader, spike_cache
 from snnjax.data.frames import FrameSpec
 from snnjax.data.registry import get_source
 
@@ -58,17 +60,28 @@ def loop_duration(times, units, duration, steps):
     return frames[:steps]
 
 
-@pytest.fixture
-def shd_dir(tmp_path):
+def write_shd_dir(root):
     rng = np.random.default_rng(0)
     train, test = make_samples(rng, 6), make_samples(rng, 3, count=9)
-    write_shd_h5(tmp_path / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
-    write_shd_h5(tmp_path / "shd_test.h5", test, [1, 2, 3])
-    return tmp_path, train, test
+    write_shd_h5(root / "shd_train.h5", train, [3, 19, 0, 7, 7, 12])
+    write_shd_h5(root / "shd_test.h5", test, [1, 2, 3])
+    return root, train, test
 
 
-def test_frames_by_number_time_and_duration(shd_dir):
-    root, train, _ = shd_dir
+@pytest.fixture
+def shd_dir(tmp_path):
+    """Files of this test's own: it changes them or needs their spike copy not yet made."""
+    return write_shd_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    """Files only read: the tests share their spike copy (made once, in a child process of ~0.3 s)."""
+    return write_shd_dir(tmp_path_factory.mktemp("shd"))
+
+
+def test_frames_by_number_time_and_duration(shared_dir):
+    root, train, _ = shared_dir
     src = get_source("shd", "train", data_dir=root, time_steps=4)
     assert src.example_shape == (4, 700) and src.num_classes == 20 and len(src) == 6
     frames, labels = src.read(np.arange(6))
@@ -87,8 +100,8 @@ def test_frames_by_number_time_and_duration(shd_dir):
         assert frames.sum() == len(units) and frames[23:].sum() == 0
 
 
-def test_custom_integrator_and_resume(shd_dir):
-    root, train, _ = shd_dir
+def test_custom_integrator_and_resume(shared_dir):
+    root, train, _ = shared_dir
 
     def spike_total(events, steps, height, width):
         frames = np.zeros((steps, width))
@@ -127,9 +140,11 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
     root, train, _ = shd_dir
     cached = get_source("shd", "train", data_dir=root, time_steps=4)
     direct = get_source("shd", "train", data_dir=root, time_steps=4, cache=False)
-    assert (root / "shd_train.h5.spikes" / "key.txt").exists()
+    here = get_source("shd", "train", data_dir=root, time_steps=4, cache_dir=root / "here", read_timeout=None)
+    for folder in (root, root / "here"):
+        assert (folder / "shd_train.h5.spikes" / "key.txt").exists()
     for i, (times, units) in enumerate(train):
-        for src in (cached, direct):
+        for src in (cached, direct, here):
             t, u = src.spikes(i)
             np.testing.assert_array_equal(t, times)
             np.testing.assert_array_equal(u, units)
@@ -142,8 +157,57 @@ def test_spike_copy_matches_hdf5_and_follows_the_file(shd_dir):
     np.testing.assert_array_equal(again.spikes(1)[1], new[1][1])
 
 
-def test_workers_read_the_same_batches(shd_dir):
+@pytest.mark.parametrize(("child", "cache", "reason"), [
+    ("import time\ndef read(*args):\n    time.sleep(60)\n", True,
+     "reading it did not finish within data.options.read_timeout=0.5 s"),
+    ("import os, signal\ndef read(*args):\n    os.kill(os.getpid(), signal.SIGSEGV)\n", False,
+     "reading it crashed the HDF5 library (signal 11"),
+])
+def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(shd_dir, monkeypatch, child, cache, reason):
+    """The first read of the file (the copy, or with cache=False every sample once) runs in a child process:
+    libhdf5 spins for minutes on some damaged heaps, in native code. Here a child that hangs or crashes as
+    libhdf5 did on a fuzzed file; the hang is cut at read_timeout."""
     root, _, _ = shd_dir
+    script = root / "child.py"
+    script.write_text(child)
+    monkeypatch.setattr(spike_cache, "_CHILD", f"{script}:read")
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(f"{root / 'shd_train.h5'}: {reason}")):
+        get_source("shd", "train", data_dir=root, time_steps=4, cache=cache, read_timeout=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_a_damaged_heap_that_makes_libhdf5_spin_is_refused_within_read_timeout(tmp_path):
+    """A real one, found by tests/test_fuzz.py: the objects of the file's first global heap collection zeroed make
+    libhdf5 (2.0.0 under h5py 3.16) spin in native code reading spikes/times (over 60 s by hand). The child
+    reading it is killed at read_timeout; a libhdf5 that refuses the heap instead raises its read error."""
+    rng = np.random.default_rng(3)
+    path = tmp_path / "shd_train.h5"
+    write_shd_h5(path, make_samples(rng, 3, count=6), [0, 5, 19])
+    data = bytearray(path.read_bytes())
+    start = data.index(b"GCOL") + 16  # the collection's header: signature, version, reserved, size
+    data[start:start + 202] = bytes(202)
+    path.write_bytes(bytes(data))
+    began = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ") + "(reading it did not finish within "
+                       r"data.options.read_timeout=1 s|samples 0..2 cannot be read)"):
+        get_source("shd", "train", data_dir=tmp_path, read_timeout=1)
+    assert time.monotonic() - began < 5
+
+
+def test_spike_copy_errors_name_the_option(shared_dir):
+    root, _, _ = shared_dir
+    with pytest.raises(ValueError, match=re.escape("data.options.read_timeout must be a positive number of seconds, "
+                                                   "got 0")):
+        get_source("shd", "train", data_dir=root, read_timeout=0)
+    (root / "a_file").write_text("")
+    with pytest.raises(OSError, match=r"cannot write the spike copy of .*shd_train.h5 in .*a_file.*set "
+                                      r"data.options.cache_dir to a writable folder"):
+        get_source("shd", "train", data_dir=root, cache_dir=root / "a_file" / "copies")
+
+
+def test_workers_read_the_same_batches(shared_dir):
+    root, _, _ = shared_dir
     batches = []
     for workers, cache in ((1, True), (2, True), (2, False)):
         src = get_source("shd", "train", data_dir=root, time_steps=4, temporal_delete=3, num_workers=workers,

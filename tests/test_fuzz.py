@@ -2,11 +2,12 @@
 or raise the reader's documented error naming the file, never another exception, a hang or a crash.
 
 Each reader gets ``SNNJAX_FUZZ_EXAMPLES`` examples (default 100; the graph-value test, which builds models, a
-third of that, the NIR file a tenth), drawn the same way on every run (conftest's hypothesis profile); longer
-runs by hand: ``SNNJAX_FUZZ_EXAMPLES=1000 SNNJAX_HYPOTHESIS_RANDOM=1 pytest -n 0 tests/test_fuzz.py``.
+third of that, the NIR file a tenth, the SHD files half), drawn the same way on every run (conftest's
+hypothesis profile); longer runs by hand:
+``SNNJAX_FUZZ_EXAMPLES=1000 SNNJAX_HYPOTHESIS_RANDOM=1 pytest -n 0 tests/test_fuzz.py``.
 libhdf5 (native code under h5py) can spin for minutes on some damaged HDF5 files (a corrupt global heap):
-``from_nir`` reads a file in a child process with a time limit first; the SHD/SSC reader does not
-(docs/files.md), so a hand run of its fuzz test may stall on such a file.
+``from_nir`` and the SHD/SSC reader read a file in a child process with a time limit first
+(:mod:`snnjax.runtime.trial_read`).
 """
 import copy
 import io
@@ -29,6 +30,7 @@ from helpers import (
     ragged,
     random_aedat,
     random_events,
+    write_shd_h5,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -198,10 +200,25 @@ def test_fuzz_nir_file(tmp_path):
     fuzz(path.read_bytes(), from_nir, NIRError, suffix=".nir", examples=max(EXAMPLES // 10, 1))
 
 
+def test_fuzz_shd_file_bytes(tmp_path):
+    """Damaged bytes of an SHD file: its first read (checks and spike copy) runs in the child process, cut at
+    read_timeout (libhdf5 spins for minutes on some damaged heaps: tests/test_data_shd.py has one); frames or a
+    ValueError naming the file."""
+    rng = np.random.default_rng(3)
+    path = tmp_path / "shd_train.h5"
+    write_shd_h5(path, [(np.sort(rng.uniform(0, 1, 6)).astype(np.float16), rng.integers(0, 700, 6).astype(np.uint16))
+                        for _ in range(3)], [0, 5, 19])
+
+    def read(file):
+        source = HeidelbergSource(file, 20, FrameSpec(time_steps=2), cache_dir=file.parent, read_timeout=2)
+        assert np.isfinite(source.read(np.arange(len(source)))[0]).all()
+
+    fuzz(path.read_bytes(), read, suffix=".h5", examples=max(EXAMPLES // 2, 1))
+
+
 def test_fuzz_shd_file_contents(tmp_path):
     """Drawn datasets (dtypes, fixed or variable length, NaN, infinite, negative or huge values, labels): a
-    ValueError naming the file or frames. (Damaged bytes are not drawn here: libhdf5 spins for minutes on some
-    damaged heaps, in native code, which the SHD reader does not guard; docs/files.md.)"""
+    ValueError naming the file or frames."""
     import h5py  # noqa: PLC0415
 
     numbers = st.sampled_from([0.0, 0.5, 1.0, -1.0, np.nan, np.inf, 1e30, 699, 700, 2**31, -(2**31)])

@@ -365,12 +365,15 @@ def test_graph_shapes_are_checked_before_a_model_is_built(input_shape, reason):
 
 
 @pytest.mark.parametrize(("child", "reason"), [
-    ("import time\ntime.sleep(60)\n", "reading it did not finish within read_timeout=1 s"),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "reading it crashed the HDF5 library (signal 11"),
+    ("import time\ndef read(path):\n    time.sleep(60)\n", "reading it did not finish within read_timeout=1 s"),
+    ("import os, signal\ndef read(path):\n    os.kill(os.getpid(), signal.SIGSEGV)\n",
+     "reading it crashed the HDF5 library (signal 11"),
 ])
-def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(mlp_file, monkeypatch, child, reason):
+def test_a_file_that_hangs_or_crashes_the_hdf5_library_is_refused(mlp_file, tmp_path, monkeypatch, child, reason):
     """from_nir reads the file in a child process first (libhdf5 spins on some damaged heaps): here a child that
     hangs or crashes as libhdf5 did on a fuzzed file."""
-    monkeypatch.setattr(nir_lib, "_TRIAL_READ", child)
+    script = tmp_path / "child.py"
+    script.write_text(child)
+    monkeypatch.setattr(nir_lib, "_TRIAL_READ", f"{script}:read")
     with pytest.raises(NIRError, match=re.escape(f"{mlp_file}: {reason}")):
         from_nir(mlp_file, read_timeout=1)

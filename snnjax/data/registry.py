@@ -28,7 +28,8 @@ The event-frame datasets (``nmnist`` to ``ncaltech101``) also take ``split_by``,
 the training augmentations ``flip``, ``translate``, ``crop_scale``, ``roll``, ``rotate``, ``cutout``,
 ``nda`` and ``temporal_delete`` (:class:`snnjax.data.augment.EventAugment`), ``num_workers``,
 ``cache_dir`` and ``cache``; ``shd`` and ``ssc`` take ``split_by``, ``duration``, ``temporal_delete``,
-``num_workers``, ``cache_dir`` and ``cache`` (see :mod:`snnjax.data.frames`). With
+``num_workers``, ``cache_dir``, ``cache`` (see :mod:`snnjax.data.frames`) and ``read_timeout`` (seconds the
+first read of an HDF5 file, in a child process, may take; default 120). With
 ``temporal_delete=k`` the training split's examples hold ``k`` of the ``time_steps`` frames built.
 
 Each entry says whether the source reads files (``reads_files``: it takes a ``data_dir``),
@@ -80,9 +81,10 @@ def _tfds(name: str) -> Callable[..., Source]:
     return make
 
 
-# shd / ssc: the integration, temporal_delete, decoding threads and the cache of the event datasets
-_HEIDELBERG = {k: EVENT_OPTIONS[k] for k in ("split_by", "duration", "temporal_delete", "num_workers", "cache_dir",
-                                              "cache")}
+# shd / ssc: the integration, temporal_delete, decoding threads and the cache of the event datasets, and the
+# seconds the first (child-process) read of an HDF5 file may take
+_HEIDELBERG = {**{k: EVENT_OPTIONS[k] for k in ("split_by", "duration", "temporal_delete", "num_workers",
+                                                "cache_dir", "cache")}, "read_timeout": float}
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(digits_source, reads_files=False, events=False,
                            options={"test_fraction": float, "seed": int}),

@@ -23,10 +23,11 @@ The arithmetic stays in the file's dtype, as SpikingJelly's. SpikingJelly's fram
 (``DatasetFolder`` over class folders named ``0``, ``1``, ...) sort those names as strings, so
 their labels are a permutation of the stored ones for 11 or more classes; labels here are the stored ones.
 Frames are computed on each read (a sample is a few thousand spikes) from a memory-mapped copy of
-the file's spikes made on first use (:mod:`snnjax.data.spike_cache`; ``cache=False`` reads the
-HDF5 file sample by sample), on ``num_workers`` threads. ``temporal_delete`` (training split) keeps a
-sorted random subset of that many of the ``T`` frames per example, keyed as the other augmentations
-(:class:`snnjax.data.augment.EventAugment`).
+the file's spikes made on first use, in a child process killed after ``read_timeout`` seconds (libhdf5
+can spin on a damaged file; :mod:`snnjax.data.spike_cache`; ``cache=False`` reads the HDF5 file sample by
+sample, after a child has read every sample once), on ``num_workers`` threads. ``temporal_delete``
+(training split) keeps a sorted random subset of that many of the ``T`` frames per example, keyed as the
+other augmentations (:class:`snnjax.data.augment.EventAugment`).
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ import numpy as np
 from snnjax.data.augment import AugmentedFrames, EventAugment
 from snnjax.data.events import Events, segment_bounds_by_number
 from snnjax.data.frames import FrameSpec, bounds_by_duration, bounds_by_time, count_segments
-from snnjax.data.spike_cache import spike_arrays
+from snnjax.data.spike_cache import OPTION, SpikeFileError, check_samples, open_checked, spike_arrays
 from snnjax.data.workers import Workers
+from snnjax.runtime.trial_read import READ_TIMEOUT, check_timeout
 
 NUM_CHANNELS = 700
 HEIDELBERG = {  # name -> (classes, splits)
@@ -88,77 +90,48 @@ class HeidelbergSource(AugmentedFrames):
       augment: applied when the loader passes keys (training); only its ``temporal_delete`` applies to
         ``[T, 700]`` frames, and the examples then hold that many time steps.
       num_workers: threads that read and integrate a batch's samples (1: the caller's thread).
+      read_timeout: seconds the first read of the file, in a child process, may take (it checks the file and
+        writes the copy, or with ``cache=False`` reads every sample once): libhdf5 can spin on a damaged file.
+        None: read in this process, without a bound (files you trust; saves the child's ~0.2 s start).
 
     Raises (here and on reading a sample):
       ValueError: naming ``path``: not HDF5, datasets missing or of another kind (not variable-length, float
         units), no samples, labels that are not whole numbers or out of range, spike times that are NaN,
-        infinite or negative, units outside 0..699.
+        infinite or negative, units outside 0..699; the first read did not finish within ``read_timeout``
+        or crashed the HDF5 library.
     """
 
     def __init__(self, path: Path, num_classes: int, frames: FrameSpec, *,
                  cache_dir: str | os.PathLike | None = None, cache: bool = True,
-                 augment: EventAugment | None = None, num_workers: int = 1):
-        import h5py  # noqa: PLC0415 (only these datasets need it)
-
+                 augment: EventAugment | None = None, num_workers: int = 1,
+                 read_timeout: float | None = READ_TIMEOUT):
         if augment is not None and augment.spatial:
             raise ValueError(f"{augment} moves pixels, but SHD/SSC frames are [T, 700] channels: only "
                              "temporal_delete applies (data.options / keyword arguments)")
+        if read_timeout is not None:
+            check_timeout(read_timeout, OPTION)
         self.workers = Workers(num_workers, Path(path).stem)
         self.augment = augment if augment is not None and augment.active else None
         self.path = Path(path)
         self.name = self.path.name
-        try:
-            self._open(h5py)
-        except Exception as err:  # noqa: BLE001 (h5py raises OSError, RuntimeError, KeyError, ... for damaged files)
-            if isinstance(err, ValueError) and str(err).startswith(f"{self.path}: "):
-                raise
-            raise ValueError(f"{self.path}: not a readable HDF5 file ({type(err).__name__}: {err}): the file is "
-                             "corrupt or truncated; download it again") from err
-        if self.labels.size and (self.labels.min() < 0 or self.labels.max() >= num_classes):
-            raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
-                             f"[0, {num_classes})")
         self._lock = threading.Lock()  # h5py serialises access anyway; one reader at a time
         self._flat = None
-        if cache:
-            folder = Path(cache_dir) if cache_dir is not None else self.path.parent
-            try:
-                self._flat = spike_arrays(self.path, self._times, self._units, folder / f"{self.path.name}.spikes")
-            except ValueError as err:
-                raise ValueError(f"{self.path}: {err}: the file is corrupt") from err
+        try:
+            if cache:
+                folder = Path(cache_dir) if cache_dir is not None else self.path.parent
+                *self._flat, self.labels = spike_arrays(self.path, folder / f"{self.path.name}.spikes", read_timeout)
+            else:
+                if read_timeout is not None:
+                    check_samples(self.path, read_timeout)
+                self._file, self._times, self._units, self.labels = open_checked(self.path)
+        except SpikeFileError as err:
+            raise ValueError(f"{self.path}: {err}") from err
+        if self.labels.min() < 0 or self.labels.max() >= num_classes:
+            raise ValueError(f"{self.path}: labels span [{self.labels.min()}, {self.labels.max()}], outside "
+                             f"[0, {num_classes})")
         self.spec = frames
         self.num_classes = int(num_classes)
         self._set_steps()
-
-    def _open(self, h5py) -> None:
-        """Open the file and check its datasets and labels (``ValueError`` naming it; h5py's own errors pass)."""
-        self._file = h5py.File(self.path, "r")
-        missing = [k for k in ("spikes/times", "spikes/units", "labels") if k not in self._file]
-        if missing:
-            raise ValueError(f"{self.path}: no {', '.join(missing)} in the file: not an SHD/SSC release file")
-        self._times = self._file["spikes/times"]
-        self._units = self._file["spikes/units"]
-        for key, kinds, what in (("spikes/times", "fiu", "numbers"), ("spikes/units", "iu", "integers")):
-            ds = self._file[key]
-            base = h5py.check_vlen_dtype(ds.dtype) if isinstance(ds, h5py.Dataset) else None
-            if base is None or ds.ndim != 1 or base.kind not in kinds:
-                found = ("a group" if not isinstance(ds, h5py.Dataset) else
-                         f"{'variable-length ' if base is not None else ''}{base or ds.dtype} of shape {ds.shape}")
-                raise ValueError(f"{self.path}: {key} is {found}; SHD/SSC files hold one variable-length array of "
-                                 f"{what} per sample: not an SHD/SSC release file")
-        raw_labels = self._file["labels"]
-        if not isinstance(raw_labels, h5py.Dataset) or raw_labels.ndim != 1 or raw_labels.dtype.kind not in "fiu":
-            raise ValueError(f"{self.path}: labels is not a 1-D numeric dataset: not an SHD/SSC release file")
-        raw_labels = raw_labels[:]
-        if raw_labels.dtype.kind == "f" and not (np.isfinite(raw_labels) & (raw_labels == np.round(raw_labels))).all():
-            bad = raw_labels[~(np.isfinite(raw_labels) & (raw_labels == np.round(raw_labels)))]
-            raise ValueError(f"{self.path}: {bad.size} labels are not whole numbers (e.g. {bad[0]}): the file is "
-                             "corrupt")
-        self.labels = raw_labels.astype(np.int64)
-        if not self.labels.size:
-            raise ValueError(f"{self.path}: holds no samples: the file is truncated or corrupt; download it again")
-        if self._times.shape[0] != self.labels.shape[0] or self._units.shape[0] != self.labels.shape[0]:
-            raise ValueError(f"{self.path}: {self._times.shape[0]} spike-time arrays, {self._units.shape[0]} unit "
-                             f"arrays and {self.labels.shape[0]} labels: the file is corrupt")
 
     def _set_steps(self) -> None:
         steps = self.spec.time_steps
@@ -211,9 +184,10 @@ class HeidelbergSource(AugmentedFrames):
 def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
                       split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
                       num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
-                      cache: bool = True) -> HeidelbergSource:
+                      cache: bool = True, read_timeout: float | None = READ_TIMEOUT) -> HeidelbergSource:
     """SHD (``name="shd"``) or SSC (``"ssc"``) frames ``[n, T, 700]``; ``duration`` in milliseconds;
-    ``temporal_delete`` (training split): examples keep that many of the ``T`` frames."""
+    ``temporal_delete`` (training split): examples keep that many of the ``T`` frames; ``read_timeout``, the
+    other keywords: :class:`HeidelbergSource`."""
     num_classes, splits = HEIDELBERG[name]
     files = ", ".join(f"{name}_{s}.h5.zip" for s in splits)
     if split not in splits:
@@ -227,24 +201,25 @@ def heidelberg_source(name: str, split: str, *, data_dir: str | os.PathLike | No
     augment = EventAugment(temporal_delete=temporal_delete or 0)
     augment.time_steps(time_steps)
     return HeidelbergSource(path, num_classes, spec, cache_dir=cache_dir, cache=cache,
-                            augment=augment if split == "train" else None, num_workers=num_workers)
+                            augment=augment if split == "train" else None, num_workers=num_workers,
+                            read_timeout=read_timeout)
 
 
 def shd_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
                split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
                num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
-               cache: bool = True) -> HeidelbergSource:
+               cache: bool = True, read_timeout: float | None = READ_TIMEOUT) -> HeidelbergSource:
     """SHD (20 classes; splits ``train``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("shd", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
                              duration=duration, temporal_delete=temporal_delete, num_workers=num_workers,
-                             cache_dir=cache_dir, cache=cache)
+                             cache_dir=cache_dir, cache=cache, read_timeout=read_timeout)
 
 
 def ssc_source(split: str, *, data_dir: str | os.PathLike | None, time_steps: int = 20,
                split_by: str | None = None, duration: int | None = None, temporal_delete: int | None = None,
                num_workers: int = 1, cache_dir: str | os.PathLike | None = None,
-               cache: bool = True) -> HeidelbergSource:
+               cache: bool = True, read_timeout: float | None = READ_TIMEOUT) -> HeidelbergSource:
     """SSC (35 classes; splits ``train``, ``valid``, ``test``); keywords as :func:`heidelberg_source`."""
     return heidelberg_source("ssc", split, data_dir=data_dir, time_steps=time_steps, split_by=split_by,
                              duration=duration, temporal_delete=temporal_delete, num_workers=num_workers,
-                             cache_dir=cache_dir, cache=cache)
+                             cache_dir=cache_dir, cache=cache, read_timeout=read_timeout)

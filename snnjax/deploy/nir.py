@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 from typing import Any
 
 import jax
@@ -64,12 +62,12 @@ from snnjax.neurons import surrogate as sg
 from snnjax.neurons.base import decay_rate
 from snnjax.neurons.catalogue import CUBALIFNode, NonSpikingIFNode, NonSpikingLIFNode
 from snnjax.neurons.modules import BaseNode
+from snnjax.runtime.trial_read import READ_TIMEOUT, trial_read
 
 DT = 1e-4  # seconds per time step, SpikingJelly's (and most NIR tools') default
 MAX_ELEMENTS = 1 << 27  # default bound on the elements a NIR file's arrays and an imported model's layers may hold
-READ_TIMEOUT = 120.0  # seconds a trial read of a NIR file may take
 # Run in a child process first: libhdf5 can spin for minutes on a damaged heap, or crash, in native code.
-_TRIAL_READ = "import sys, nir\nnir.read(sys.argv[1])\n"
+_TRIAL_READ = "nir:read"  # what the child process calls on the file (trial_read's target)
 
 
 class NIRError(ValueError):
@@ -297,7 +295,7 @@ def from_nir(graph: nir.NIRGraph | str | pathlib.Path, *, dt: float = DT, rngs: 
         return _from_graph(graph, dt, rngs, dtype, param_dtype, max_elements)
     try:
         _check_file_size(pathlib.Path(graph), max_elements)
-        _trial_read(pathlib.Path(graph), read_timeout)
+        trial_read(_TRIAL_READ, [str(graph)], read_timeout, "read_timeout", NIRError)  # its Python errors: below
         try:
             loaded = nir.read(graph)
         except Exception as e:  # noqa: BLE001 (nir.read raises many types for files it cannot parse)
@@ -331,20 +329,6 @@ def _check_file_size(path: pathlib.Path, max_elements: int) -> None:
     if total > max_elements:
         raise NIRError(f"its arrays declare {total} elements, over max_elements={max_elements} (pass a larger "
                        "max_elements to from_nir if the model really is that large)")
-
-
-def _trial_read(path: pathlib.Path, timeout: float) -> None:
-    """``nir.read(path)`` in a child process: refuse a file that makes it hang past ``timeout`` s or crash."""
-    try:
-        result = subprocess.run([sys.executable, "-c", _TRIAL_READ, str(path)], capture_output=True, text=True,
-                                timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise NIRError(f"reading it did not finish within read_timeout={timeout:g} s (a trial read in a separate "
-                       "process; damaged HDF5 heaps make libhdf5 spin): the file is damaged") from None
-    if result.returncode < 0:
-        raise NIRError(f"reading it crashed the HDF5 library (signal {-result.returncode}, in a trial read in a "
-                       "separate process): the file is damaged")
-    # A Python error in the child is raised again, with its message, by the read in this process.
 
 
 def _finite(name: str, what: str, value) -> np.ndarray:
