@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import suite_cases
 
 from snnjax.bench import peer, workload
 from snnjax.bench import train_step as bench
@@ -24,13 +25,17 @@ def test_main_writes_a_record(tmp_path):
     assert "spikingjelly_ms" not in rec and "git_commit" in rec
 
 
-@pytest.mark.parametrize("model, overrides", [
+TINY = [
     ("cifar10dvs_vgg", dict(widths=(4,) * 8)),
     ("spikformer_ti", dict(embed_dims=16, num_heads=2, depths=1, mlp_ratio=2.0)),
     ("sew_resnet18", dict(widths=(2, 2, 2, 2), stage_blocks=(1, 1, 1, 1))),
     ("dvsgesture_plif", dict(channels=2, hidden_features=4)),
     ("ms_resnet18", dict(base_channels=2, layers=(1, 1, 1, 1))),
-])
+]
+
+
+# the suite: event frames and static images (SNNJAX_ALL_CASES=1: every model the bench times)
+@pytest.mark.parametrize("model, overrides", suite_cases(TINY, TINY[:2]))
 def test_tiny_models_run_one_step(model, overrides):
     res = bench.time_ours(model, 2, 2, 1, steps=1, warmup=1, **overrides)
     assert res["median_ms"] > 0 and math.isfinite(res["loss"]) and res["num_params"] > 0

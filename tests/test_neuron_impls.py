@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import ALL_CASES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from neuron_checks import (
@@ -138,7 +139,7 @@ def _problems(draw, impl: str):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@settings(max_examples=30, deadline=None, database=None, print_blob=True,
+@settings(max_examples=30 if ALL_CASES else 12, deadline=None, database=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_matches_the_path_it_replaces(impl, x64, data):  # x64 stays on for all examples

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import suite_cases
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -126,7 +127,7 @@ def _check_hlo(text: str, per_device: str, whole: str):
     assert per_device in text and whole not in text  # [T, M] exists only per device
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", suite_cases(list(LAYOUTS), ["dp", "dp_tp", "fsdp_tp"]))  # pallas: dp_sp too
 def test_native_sharded_matches_xla_and_gathers_nothing(layout):
     results, text = _run_sharded("native", layout, CASES)
     _check_equal(results, _reference("all"), CASES)
