@@ -7,7 +7,8 @@ caller instead.
 
 The child is this file run as a script (``python -P trial_read.py``: the standard library only, not the snnjax
 package and its JAX). It stays up between reads, one per process, so that only the first read pays its start
-and its imports (numpy and h5py ~0.3 s, nir ~0.7 s); it is started again after a hang or a crash. Requests are
+and its imports (numpy and h5py ~0.3 s, nir ~0.7 s); it is started again after a hang or a crash. Each read's
+address space is capped (``_limit_memory``): an allocation past it raises ``MemoryError`` in the child. Requests are
 JSON lines on its stdin, ``[target, args]``; replies, JSON lines on its stdout after :data:`_MARK` (libraries
 may print there too): ``[None]``, or ``[kind, exception type, message]`` of what the target raised (kind
 ``"OSError"`` for an ``OSError``, else ``"Error"``).
@@ -99,8 +100,8 @@ def trial_read(target: str, args: Sequence[str], timeout: float, option: str,
       ``"OSError"`` or ``"Error"``).
 
     Raises:
-      error: ``timeout`` is not positive, the target ran past it (the child is killed), or the child died (a
-        crash in native code: its signal).
+      error: ``timeout`` is not positive, the target ran past it (the child is killed), the child died (a
+        crash in native code: its signal), or the target ran out of the memory a trial read allows.
     """
     global _child
     check_timeout(timeout, option, error)
@@ -122,6 +123,9 @@ def trial_read(target: str, args: Sequence[str], timeout: float, option: str,
                 raise error(f"reading it crashed the HDF5 library (signal {-code}, in a trial read in a separate "
                             "process): the file is damaged")
             raise error(f"its trial read in a separate process exited with status {code}")
+    if reply[0] is not None and reply[1] == "MemoryError":
+        raise error("reading it asked for more memory than a trial read allows (1 GiB and 4x the file's size, in a "
+                    "separate process: MemoryError): the file is damaged")
     return None if reply[0] is None else tuple(reply)
 
 
@@ -143,6 +147,23 @@ def _resolve(target: str, modules: dict):
     return getattr(modules[where], name)
 
 
+def _limit_memory(args: list) -> None:
+    """Caps the child's address space for one read: what it maps now, plus 1 GiB, plus 4x the size of each file
+    argument (a damaged HDF5 heap made libhdf5 allocate 3.5 GB for a 9 KB file; now a ``MemoryError``). Linux only
+    (``/proc/self/statm``); only the soft limit moves, so a later read may raise it again."""
+    try:
+        import resource  # noqa: PLC0415 (POSIX only)
+
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return
+    files = sum(os.path.getsize(a) for a in args if isinstance(a, str) and os.path.isfile(a))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = mapped + (1 << 30) + 4 * files
+    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
 def _serve() -> None:
     """The child: one reply per request line, until stdin closes."""
     modules: dict = {}
@@ -150,6 +171,7 @@ def _serve() -> None:
     for line in sys.stdin.buffer:
         target, args = json.loads(line)
         try:
+            _limit_memory(args)
             _resolve(target, modules)(*args)
             reply = [None]
         except Exception as err:  # noqa: BLE001 (any error of the read goes back to the caller)
