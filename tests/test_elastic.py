@@ -110,18 +110,7 @@ def wait_for(predicate, what: str, timeout: float = 120.0):
 
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of the launcher's child of rank ``rank`` (its JAX_PROCESS_ID)."""
-    def find():
-        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher.pid:
-                    continue
-                env = (stat.parent / "environ").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if f"JAX_PROCESS_ID={rank}".encode() in env:
-                return int(stat.parent.name)
-        return None
-    return wait_for(find, f"rank {rank}'s process")
+    return wait_for(lambda: launch.running_ranks(launcher.pid).get(rank), f"rank {rank}'s process")
 
 
 def assert_bitwise(got: dict, want: dict) -> None:

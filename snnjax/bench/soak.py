@@ -47,6 +47,7 @@ import tempfile
 import time
 
 from snnjax.bench.common import append_jsonl, git_commit
+from snnjax.runtime import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KINDS = ("SIGKILL rank", "SIGTERM rank", "SIGSTOP rank", "SIGTERM launcher")
@@ -91,22 +92,6 @@ def _launcher(a: argparse.Namespace, workdir: pathlib.Path, out: pathlib.Path, *
            "--workdir", str(workdir)]
     with open(out, "a") as f:
         return subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _ranks(launcher: subprocess.Popen) -> dict[int, int]:
-    """``{rank: pid}`` of the launcher's training processes now running (from /proc)."""
-    found = {}
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher.pid:
-                continue
-            env = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for var in env:
-            if var.startswith(b"JAX_PROCESS_ID="):
-                found[int(var.split(b"=", 1)[1])] = int(stat.parent.name)
-    return found
 
 
 def _complete(workdir: pathlib.Path) -> list[int]:
@@ -166,7 +151,7 @@ class _Soak:
             launcher.send_signal(signal.SIGTERM)
             self.preempted = launcher
         else:
-            ranks = _ranks(launcher)
+            ranks = launch.running_ranks(launcher.pid)
             if not ranks:
                 return False
             rank = self.rng.choice(sorted(ranks))

@@ -103,9 +103,9 @@ def standardize(w: jax.Array, gain: jax.Array | None, eps: float, out_axis: int 
     return w if gain is None else w * gain
 
 
-class WSConv2d(Conv2d):
-    """``Conv2d`` whose kernel is weight-standardised per output channel before use, times a learned ``gain``
-    ``[O]`` (ones at first; ``gain=False``: none), ``eps`` 1e-4 (SpikingJelly's ``layer.WSConv2d``)."""
+class _WeightStandardized:
+    """What ``WSConv2d`` and ``WSLinear`` share: a learned ``gain`` ``[out]`` (ones at first; ``gain=False``: none)
+    and ``eps``; ``standardized_kernel()`` is the kernel the layer computes with (its own shape)."""
 
     def __init__(self, *args, gain: bool = True, eps: float = 1e-4, **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,8 +113,12 @@ class WSConv2d(Conv2d):
         self.eps = eps
 
     def standardized_kernel(self) -> jax.Array:
-        """The kernel the convolution uses, ``[kh, kw, I, O]``."""
         return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
+
+
+class WSConv2d(_WeightStandardized, Conv2d):
+    """``Conv2d`` whose kernel is weight-standardised per output channel before use, times a learned ``gain``
+    ``[O]`` (ones at first; ``gain=False``: none), ``eps`` 1e-4 (SpikingJelly's ``layer.WSConv2d``)."""
 
     def _convolve(self, x: jax.Array) -> jax.Array:
         lead = x.shape[:-3]
@@ -129,18 +133,9 @@ class WSConv2d(Conv2d):
         return y.reshape(*lead, *y.shape[1:])
 
 
-class WSLinear(Linear):
+class WSLinear(_WeightStandardized, Linear):
     """``Linear`` (kernel ``[in, out]``) weight-standardised per output unit, times a learned ``gain`` ``[out]``
     (SpikingJelly's ``layer.WSLinear``)."""
-
-    def __init__(self, *args, gain: bool = True, eps: float = 1e-4, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gain = nnx.Param(jnp.ones((self.out_features,), self.param_dtype)) if gain else None
-        self.eps = eps
-
-    def standardized_kernel(self) -> jax.Array:
-        """The kernel the layer uses, ``[in, out]``."""
-        return standardize(self.kernel[...], None if self.gain is None else self.gain[...], self.eps)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         _report_input(self, x)

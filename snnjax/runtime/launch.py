@@ -239,6 +239,24 @@ class Outcome:
     resumed_step: int | None = None
 
 
+def running_ranks(launcher_pid: int) -> dict[int, int]:
+    """``{rank: pid}`` of the launcher ``launcher_pid``'s training processes running now (Linux: read from
+    ``/proc``, each child's rank from its ``JAX_PROCESS_ID``); a fault injector's and a test's way to find them."""
+    found = {}
+    key = f"{ENV_PROCESS_ID}=".encode()
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid:
+                continue
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for var in env:
+            if var.startswith(key):
+                found[int(var[len(key):])] = int(stat.parent.name)
+    return found
+
+
 def _how(code: int) -> str:
     return f"exited with code {code}" if code > 0 else f"was killed by {signal.Signals(-code).name}"
 
