@@ -16,13 +16,19 @@ def test_gpu_checks_dry_run_on_the_cpu(tmp_path):
                                            "train cifar10dvs_vgg float32", "train cifar10dvs_vgg bfloat16"]
     assert all(r["status"] == "ok" and r["device_kind"] for r in summary)
     kernels = read(tmp_path / "pallas_check_cpu.jsonl")
-    assert len(kernels) == 3 and all(r["ok"] for r in kernels)
+    # three hand-written kernel cases, three kernels generated from a step (a user's LIF, two catalogue neurons)
+    assert len(kernels) == 6 and all(r["ok"] for r in kernels)
+    assert [r["case"][:2] for r in kernels[3:]] == [["step", "UserLIF"], ["step", "EIFNode"],
+                                                   ["step", "HalfThresholdIFNode"]]
     neurons = read(tmp_path / "neuron_cpu.jsonl")
     assert {(r["neuron"], r["dtype"], r["impl"]) for r in neurons} == {
-        (n, d, impl) for n, d in gpu.TINY_NEURON_RUNS for impl in ("xla", "pallas")}
-    for n in ("LIF", "PLIF"):  # the interpreted kernel and the XLA path give the same spikes and gradient
-        a, b = (r for r in neurons if r["neuron"] == n and r["T"] == 4)
-        assert a["spikes"] == b["spikes"] > 0 and abs(a["dx_norm"] - b["dx_norm"]) <= 1e-2 * a["dx_norm"]
+        ("LIF", "float32", "xla"), ("LIF", "float32", "pallas"), ("LIF", "float32", "user:pallas"),
+        ("PLIF", "float16", "xla"), ("PLIF", "float16", "pallas")}
+    for n in ("LIF", "PLIF"):  # the interpreted kernels and the XLA path give the same spikes and gradient
+        first, *others = (r for r in neurons if r["neuron"] == n and r["T"] == 4)
+        for other in others:
+            assert first["spikes"] == other["spikes"] > 0
+            assert abs(first["dx_norm"] - other["dx_norm"]) <= 1e-2 * first["dx_norm"]
     assert all("dw" in r for r in neurons if r["neuron"] == "PLIF")
     steps = read(tmp_path / "train_step_cpu.jsonl")
     assert [r["dtype"] for r in steps] == ["float32", "bfloat16"]

@@ -6,11 +6,13 @@
 Parts, in this order, each in this process:
 
 1. ``pallas``: ``snnjax.bench.pallas_check``, the fused Pallas kernels compiled for the device (interpreted on a
-   CPU) against the XLA path over every kind x reset x surrogate, float32 and bfloat16.
+   CPU) against the XLA path over every kind x reset x surrogate, float32 and bfloat16, and the kernels generated
+   from a step (a user's LIF, the catalogue) against the scan path.
 2. ``neuron``: ``snnjax.bench.neuron`` for LIF and PLIF, float32 and float16, over ``[T, 64, 65536]``, T = 4, 8,
    16, 32, our ``xla`` and ``pallas`` paths against SpikingJelly's ``triton`` and ``torch`` CUDA implementations
    on the same inputs, interleaved (in float16 SpikingJelly 2.0.0 refuses both and runs its torch reference:
-   backend ``auto``).
+   backend ``auto``); for LIF also ``user:pallas``, a LIF written through ``BaseNode``'s hooks on the Pallas
+   kernels generated from its step.
 3. ``train``: ``snnjax.bench.train_step`` (forward, backward, Adam) in float32 and bfloat16 for
    CIFAR10DVSVGG (batch 32, T = 10, 48 x 48 frames), Spiking ResNet-18 (batch 100, T = 32, 32 x 32 images:
    the temporal-fusion paper's setting), SEW-ResNet-18 (batch 32, T = 4, 64 x 64 frames) and Spikformer-Ti
@@ -37,6 +39,7 @@ and bfloat16): the test suite's CPU dry run. Exit status 1 when a kernel case fa
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
@@ -80,9 +83,12 @@ def neuron_argv(neuron: str, dtype: str, tiny: bool, sj_python: str, out: str) -
     argv = ["--neuron", neuron, "--dtype", dtype, "--compare-spikingjelly", "--sj-python", sj_python, "--out", out]
     if tiny:
         return argv + ["--ts", "2", "4", "--batch", "8", "--features", "256", "--reps", "2", "--warmup", "1",
-                       "--inner", "1", "--copy-mib", "16", "--impls", "xla", "pallas", "--sj-backends", "cpu"]
+                       "--inner", "1", "--copy-mib", "16", "--sj-backends", "cpu", "--impls", "xla", "pallas",
+                       *(["user:pallas"] if neuron == "LIF" else [])]
     backends = ["triton", "torch"] if dtype == "float32" else ["auto"]  # SpikingJelly's low precision: its reference
-    return argv + ["--ts", "4", "8", "16", "32", "--features", "65536", "--reps", "10", "--sj-backends", *backends]
+    impls = ["xla", "pallas", "user:pallas"] if neuron == "LIF" else ["xla", "pallas"]  # user: the generated kernels
+    return argv + ["--ts", "4", "8", "16", "32", "--features", "65536", "--reps", "10", "--sj-backends", *backends,
+                   "--impls", *impls]
 
 
 def train_argv(model: str, batch: int, t: int, image: int, dtype: str, tiny: bool, sj_python: str,
@@ -102,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--sj-python", default=sys.executable, help="the Python that runs SpikingJelly (default: this one)")
     p.add_argument("--budget-s", type=float, default=480.0, help="skip what would start past this many seconds")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    p.add_argument("--only", nargs="+", metavar="PATTERN",
+                   help="run only the runs whose label matches one of these shell patterns (labels: 'pallas', "
+                        "'neuron LIF float32', 'train sew_resnet18 bfloat16', ...), e.g. 'train * bfloat16'")
     p.add_argument("--tiny", action="store_true", help="tiny sizes on any device (the suite's dry run)")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -134,6 +143,11 @@ def main(argv=None) -> int:
             train_argv(m, b, t, s, d, args.tiny, args.sj_python, path["train_step"])))
                  for d in ("float32", "bfloat16") for m, b, t, s in TRAIN_RUNS[:1 if args.tiny else None]]
 
+    if args.only:
+        runs = [r for r in runs if any(fnmatch.fnmatchcase(r[0], pattern) for pattern in args.only)]
+        if not runs:
+            raise SystemExit(f"--only {' '.join(args.only)}: no run matches; labels are 'pallas', "
+                             "'neuron NEURON DTYPE', 'train MODEL DTYPE'")
     failed = 0
     for label, part, run in runs:
         elapsed = time.perf_counter() - start
