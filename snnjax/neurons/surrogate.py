@@ -389,9 +389,18 @@ class DeterministicPass(_Base):
         return x
 
 
+def _round_half_even(x: jax.Array) -> jax.Array:
+    """``jnp.round`` (half to even) from ``floor``: the same values, and Pallas' Triton lowering (the GPU kernels
+    generated from a step) has no ``round``."""
+    low = jnp.floor(x)
+    frac = x - low
+    odd = low - 2 * jnp.floor(low / 2)
+    return jnp.where(frac > 0.5, low + 1, jnp.where(frac < 0.5, low, low + odd))
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
 def _spike_count(x: jax.Array, surrogate: MultiLevelSpikeCount) -> jax.Array:
-    return jnp.round(jnp.clip(x, 0, surrogate.max_spike_count))
+    return _round_half_even(jnp.clip(x, 0, surrogate.max_spike_count))
 
 
 @_spike_count.defjvp
