@@ -90,13 +90,17 @@ def test_neuron_bench_spikingjelly_side_matches_and_is_recorded(tmp_path):
         assert r["threads"]["schedulable_cores"] >= 1
 
 
-def test_neuron_bench_times_a_catalogue_neuron_on_scan():
-    """``--neuron KLIFNode``: the timed call gives the outputs, dX and its learned ``k``'s gradient."""
-    x, ds = bench.make_inputs(3, 2, 40)
-    summary = bench.summarize(*bench.catalogue_step("KLIFNode", 3)(jnp.asarray(x), jnp.asarray(ds)))
+def test_neuron_bench_times_a_catalogue_neuron():
+    """``--neuron KLIFNode``: the timed call gives the outputs, dX and its learned ``k``'s gradient; a readout's on
+    ``assoc`` gives its ``scan`` path's."""
+    x, ds = map(jnp.asarray, bench.make_inputs(3, 2, 40))
+    summary = bench.summarize(*bench.catalogue_step("KLIFNode", 3)(x, ds))
     assert summary["spikes"] > 0 and summary["dx_norm"] > 0 and set(summary["dparams"]) == {"k"}
-    with pytest.raises(SystemExit, match="--neuron CUBALIFNode runs on impl scan only"):
-        bench.main(["--neuron", "CUBALIFNode", "--impls", "native"])
+    assoc, scan = (bench.summarize(*bench.catalogue_step("NonSpikingLIFNode", 3, impl)(x, ds))
+                   for impl in ("assoc", "scan"))
+    assert assoc["dx_norm"] == pytest.approx(scan["dx_norm"], rel=1e-6) and assoc["dx_norm"] > 0
+    with pytest.raises(SystemExit, match="--neuron CUBALIFNode runs on the impls auto, scan"):
+        bench.main(["--neuron", "CUBALIFNode", "--impls", "xla"])
 
 
 @pytest.mark.skipif(sj_python() is None, reason="no interpreter with torch and spikingjelly (SNNJAX_SJ_PYTHON)")

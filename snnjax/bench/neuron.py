@@ -10,8 +10,9 @@ spikes and the input gradient for a cotangent dS, jitted, of a LIF neuron with
 SpikingJelly's defaults (tau 2, decay_input, hard reset to 0, threshold 1, Sigmoid(4));
 ``--neuron PLIF``: SpikingJelly's ``ParametricLIFNode(init_tau=2.0)`` defaults, the call also returning the gradient of
 its decay parameter ``w``; ``--neuron NAME``, a recurrent catalogue neuron (``workload.CATALOGUE_NEURONS``): that
-class with its (SpikingJelly's) defaults (``workload.CATALOGUE_KEYWORDS`` adds the keywords a class needs), run by
-``scan``, its only impl (``--impls scan``, the default), the call also returning the gradients of its learnable
+class with its (SpikingJelly's) defaults (``workload.CATALOGUE_KEYWORDS`` adds the keywords a class needs), run with
+each of ``--impls`` (``CATALOGUE_IMPLS``; default ``auto``: on a CPU the native kernel generated from its step;
+``assoc`` for a neuron that declares a linear recurrence), the call also returning the gradients of its learnable
 parameters (KLIF's ``k``, GatedLIF's gates), as SpikingJelly's backward computes them. (SpikingJelly 2.0.0's
 ``LIAFNode`` runs with ``store_v_seq``: without it its multi-step call takes ``LIFNode``'s fused path and outputs
 spikes, not ``act(H)``; its ``GatedLIFNode`` draws other initial gates, so its outputs differ from ours.)
@@ -71,6 +72,7 @@ from snnjax.bench.workload import lif_inputs as make_inputs
 
 BYTES_PASSES = 5  # fused fwd+bwd minimum: X, S (forward); X, dS, dX (backward)
 DEFAULT_FEATURES = {"cpu": 16384, "gpu": 65536}
+CATALOGUE_IMPLS = ("auto", "scan", "native", "pallas", "assoc")  # what --impls takes with a catalogue --neuron
 DEFAULT_INNER = {"gpu": 10}  # calls per timed repetition: a GPU call is short enough for host sync to show
 
 
@@ -152,9 +154,9 @@ def make_step(spec: str, cfg):
     return jax.jit(step)
 
 
-def catalogue_step(name: str, t: int):
+def catalogue_step(name: str, t: int, impl: str = "auto"):
     """Jitted ``(x, ds) -> (outputs, dx, {param: grad})`` of catalogue neuron ``name`` (multi-step, its defaults
-    and ``CATALOGUE_KEYWORDS``; GatedLIFNode built for ``t`` steps)."""
+    and ``CATALOGUE_KEYWORDS``; GatedLIFNode built for ``t`` steps) run with ``impl``."""
     import jax
     from flax import nnx
 
@@ -165,7 +167,7 @@ def catalogue_step(name: str, t: int):
         kwargs["act"] = getattr(jax.nn, kwargs["act"])
     if name == "GatedLIFNode":
         kwargs["T"] = t
-    node = getattr(catalogue, name)(**kwargs, step_mode="m")
+    node = getattr(catalogue, name)(**kwargs, step_mode="m", impl=impl)
     graphdef, params, rest = nnx.split(node, nnx.Param, ...)
 
     def run(x, params):
@@ -324,7 +326,7 @@ def _run_t(t: int, args, steps: dict, peers: dict, sj_errors: dict, dtype, featu
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--neuron", default="LIF", choices=["LIF", "PLIF", *CATALOGUE_NEURONS],
-                   help="LIF, PLIF or a recurrent catalogue neuron (run by scan)")
+                   help="LIF, PLIF or a recurrent catalogue neuron (impls: CATALOGUE_IMPLS)")
     p.add_argument("--ts", type=int, nargs="+", default=[4, 8, 16, 32], help="time steps (default 4 8 16 32)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--features", type=int, help="C (default: 16384 on a CPU, 65536 on a GPU)")
@@ -364,16 +366,17 @@ def main(argv=None) -> list[dict]:
     platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
     features = args.features or DEFAULT_FEATURES.get(platform, 16384)
     catalogue = args.neuron in CATALOGUE_NEURONS
-    if catalogue and args.impls not in (None, ["scan"]):
-        raise SystemExit(f"--neuron {args.neuron} runs on impl scan only (the fused kernels are IF / LIF / PLIF's); "
+    if catalogue and not set(args.impls or ()) <= set(CATALOGUE_IMPLS):
+        raise SystemExit(f"--neuron {args.neuron} runs on the impls {', '.join(CATALOGUE_IMPLS)}; "
                          f"got --impls {' '.join(args.impls)}")
-    impls = ["scan"] if catalogue else args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"])
+    impls = (args.impls or ["auto"] if catalogue
+             else args.impls or (["xla", "pallas"] if platform == "gpu" else ["xla", "native"]))
     sj_backends = args.sj_backends or (["cpu"] if platform != "gpu" else ["triton", "cuda", "torch"]
                                        if args.dtype == "float32" else ["auto"])
     dtype = jnp.dtype(args.dtype)
     if catalogue:
         def steps_at(t):
-            return {"scan": catalogue_step(args.neuron, t)}
+            return {impl: catalogue_step(args.neuron, t, impl) for impl in impls}
     else:
         cfg = neurons.NeuronConfig(kind=args.neuron, tau=2.0)
         built = {spec: make_step(spec, cfg) for spec in impls}

@@ -427,9 +427,10 @@ def check_file(path: str, impl: str = "auto") -> int:
     """Print one JSON line per case and a final ``{"cases": N, "failed": K}`` (and ``"not_run"``: the neuron cases
     an explicit ``impl`` cannot run, each saying why); return the exit code.
 
-    ``impl`` (``auto``, ``xla``, ``pallas``, ``native``, ``scan``) is the neurons' multi-step
+    ``impl`` (``auto``, ``xla``, ``pallas``, ``native``, ``scan``, ``assoc``) is the neurons' multi-step
     implementation (``snnjax.neurons.multistep``); ``pallas`` runs the kernels in interpret
-    mode on a CPU. Catalogue neurons run ``scan`` where it names ``xla`` or ``pallas``.
+    mode on a CPU. Catalogue neurons run ``scan`` where it names ``xla`` or ``pallas``; ``assoc`` runs the
+    readouts (a declared linear recurrence), the other neurons are reported as not run.
     """
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")

@@ -77,12 +77,17 @@ class StepNeuron:
     is ``((name, initial value), ...)``, ``"v"`` first; ``name`` is what errors call the neuron;
     ``params_like`` the params pytree with ``jax.ShapeDtypeStruct`` leaves (None: no params), with which the
     fused kernels trace the step on a few lanes of neurons (so it must be elementwise over the neurons).
+    ``linear``: None, or ``linear(params) -> (a, b)`` declaring that the step is the linear recurrence without
+    reset ``V_t = a V_{t-1} + b X_t`` whose output is ``V_t`` (``a``, ``b`` scalars or arrays broadcastable to
+    ``[...]``, functions of the params so their gradients reach them); the ``assoc`` path
+    (``snnjax.neurons.kernels.assoc``) runs such a neuron by an associative scan over time.
     """
 
     step: Callable
     fresh: tuple[tuple[str, float], ...]
     name: str
     params_like: Any = dataclasses.field(default=None, compare=False)
+    linear: Callable | None = dataclasses.field(default=None, compare=False)
 
     @property
     def names(self) -> tuple[str, ...]:

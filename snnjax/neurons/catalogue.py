@@ -122,6 +122,9 @@ class NonSpikingIFNode(_NonSpiking):
     def neuronal_charge(self, x, v, params):
         return v + x
 
+    def linear_recurrence(self, params):
+        return 1.0, 1.0
+
 
 class NonSpikingLIFNode(_NonSpiking):
     """Non-spiking LIF readout: ``V = V + (X - V) / tau``, outputs ``V``."""
@@ -133,6 +136,9 @@ class NonSpikingLIFNode(_NonSpiking):
 
     def neuronal_charge(self, x, v, params):
         return v + (x - v) / self.tau
+
+    def linear_recurrence(self, params):
+        return 1.0 - 1.0 / self.tau, 1.0 / self.tau
 
 
 def _check_reset_order(cls: str, v_threshold: float, v_reset: float | None, v_rest: float) -> None:
@@ -261,6 +267,9 @@ class TernaryIFNode(_Ternary):
     def neuronal_charge(self, x, v, params):
         return v + x
 
+    def linear_recurrence(self, params):
+        return 1.0, 1.0
+
 
 class TernaryLIFNode(_Ternary):
     """LIF with ternary spikes."""
@@ -387,6 +396,9 @@ class HalfThresholdIFNode(BaseNode):
 
     def neuronal_charge(self, x, v, params):
         return v + x
+
+    def linear_recurrence(self, params):
+        return 1.0, 1.0
 
 
 class RAFNode(BaseNode):

@@ -8,8 +8,8 @@ potential lives in a ``MembranePotential`` variable across calls until
 ``reset()`` (or ``reset_net(model)``). ``step(x, v)`` is the explicit-state
 single step. With ``store_v_seq=True`` the multi-step state sequence is sown as an
 ``nnx.Intermediate`` named ``v_seq``; read it with ``nnx.capture(model, nnx.Intermediate)(x)``.
-``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``, ``"scan"``) picks the multi-step implementation
-(``snnjax.neurons.kernels.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
+``impl`` (``"auto"``, ``"xla"``, ``"pallas"``, ``"native"``, ``"scan"``, ``"assoc"``) picks the multi-step
+implementation (``snnjax.neurons.kernels.dispatch``); it can be changed on a built model (``node.impl = "pallas"``).
 Within ``observe(fn)`` every neuron call also hands ``(neuron, spikes, v)`` to ``fn`` (``v`` the state
 sequence in multi-step mode): ``snnjax.monitor`` reads firing rates and membrane potentials this way,
 without any change to the model's code.
@@ -67,7 +67,9 @@ class BaseNode(nnx.Module, Stateful):
       ``1[H >= v_threshold]`` for a spiking surrogate) and
       ``neuronal_reset(h, spike, params)`` (default: hard reset to ``v_reset``, soft for ``v_reset=None``,
       ``spike`` detached with ``detach_reset``), both on the state dict;
-    - optionally ``initial_state()`` (``{"v": v_reset or 0}`` by default: more names add state variables).
+    - optionally ``initial_state()`` (``{"v": v_reset or 0}`` by default: more names add state variables);
+    - optionally ``linear_recurrence(params) -> (a, b)``, declaring that the step (V its only state, output the new
+      V) is ``V_t = a V_{t-1} + b X_t``: then ``impl="assoc"`` runs it by an associative scan over time.
 
     ``params``: the module's ``nnx.Param`` arrays by attribute name (``self.k = nnx.Param(...)`` is
     ``params["k"]``, and ``self.k[...]`` the same value). States are in ``state_dtype`` (at least float32). The
@@ -123,6 +125,26 @@ class BaseNode(nnx.Module, Stateful):
         """The state after the step: hard (``v_reset``) or soft (``None``) reset of the membrane potential."""
         s = jax.lax.stop_gradient(spike) if self.detach_reset else spike
         return {**h, "v": B.reset_potential(h["v"], s, self.v_threshold, self.v_reset)}
+
+    def linear_recurrence(self, params: dict) -> tuple | None:
+        """``(a, b)`` where the step is the linear recurrence without reset ``V_t = a V_{t-1} + b X_t`` and outputs
+        ``V_t`` (``a``, ``b`` scalars or arrays broadcastable to the neurons' shape, computed from ``params`` so
+        that learnable ones get gradients); None (the default): it is not. The declaration is the neuron's
+        promise: ``impl="assoc"`` runs it instead of the step (``snnjax.neurons.kernels.assoc``)."""
+        del params
+        return None
+
+    def declares_linear(self) -> bool:
+        """Whether ``linear_recurrence`` declares this neuron's step linear: it returns ``(a, b)``, and no hook of the
+        step is overridden in a subclass of the class that defines it (a subclass that changes the charge of a
+        declared neuron is not taken to be linear)."""
+        def owner(name):
+            return next(c for c in type(self).__mro__ if name in vars(c))
+
+        declaring = owner("linear_recurrence")
+        hooks = ("neuronal_charge", "neuronal_fire", "neuronal_reset", "initial_state", "single_step")
+        return (declaring is not BaseNode and all(issubclass(declaring, owner(h)) for h in hooks)
+                and self.linear_recurrence(self.params()) is not None)
 
     def single_step(self, x: jax.Array, state: dict, params: dict) -> tuple[jax.Array, dict]:
         """One pure step on the state dict (state dtype): ``(output [...], state)``."""
@@ -182,8 +204,14 @@ class BaseNode(nnx.Module, Stateful):
             node = nnx.merge(graphdef, params, rest)
             return node.single_step(x, state, node.params())
 
+        def linear(params):
+            node = nnx.merge(graphdef, params, rest)
+            return node.linear_recurrence(node.params())
+
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), params)
-        return B.StepNeuron(step, tuple(self.initial_state().items()), type(self).__name__, like), params
+        declared = self.declares_linear()
+        return B.StepNeuron(step, tuple(self.initial_state().items()), type(self).__name__, like,
+                            linear if declared else None), params
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Outputs (spikes) for ``x`` (``[T, ...]`` in multi-step mode, ``[...]`` in single-step mode)."""
@@ -285,14 +313,17 @@ class ParametricLIFNode(BaseNode):
 
 def set_impl(model: nnx.Module, impl: str) -> int:
     """Make every neuron of ``model`` run its multi-step mode with ``impl`` (``"auto"``, ``"xla"``, ``"pallas"``,
-    ``"native"``, ``"scan"``; ``snnjax.neurons.kernels.dispatch``). A neuron given by its step (``kind`` None) takes
-    ``scan`` for ``xla`` (the hand-written XLA path is IF / LIF / PLIF's; ``scan`` is the step's own pure-XLA
-    path). Returns the number of neurons set."""
+    ``"native"``, ``"scan"``, ``"assoc"``; ``snnjax.neurons.kernels.dispatch``). A neuron given by its step (``kind``
+    None) takes ``scan`` for ``xla`` (the hand-written XLA path is IF / LIF / PLIF's; ``scan`` is the step's own
+    pure-XLA path); ``assoc`` is set only on the neurons that declare a linear recurrence (``declares_linear``), the
+    others keep theirs. Returns the number of neurons set."""
     if impl not in dispatch.IMPLS:
         raise ValueError(f"impl must be one of {dispatch.IMPLS}, got {impl!r}")
     count = 0
     for _, module in nnx.iter_modules(model):
         if isinstance(module, BaseNode):
+            if impl == "assoc" and (module.kind is not None or not module.declares_linear()):
+                continue
             module.impl = impl if module.kind is not None or impl == "auto" or dispatch.IMPLEMENTATIONS[
                 impl].any_neuron else "scan"
             count += 1

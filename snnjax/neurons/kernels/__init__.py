@@ -10,6 +10,8 @@ beside it, one module or folder per implementation:
   PLIF, generated from the step (``native.codegen``) for any other neuron;
 - ``pallas``: fused kernels for the GPU in Pallas (run on the CPU with ``interpret=True`` in tests), with the
   step traced into them (``pallas.step``) for any other neuron;
+- ``assoc``: a neuron that declares its step a linear recurrence without reset (``base.StepNeuron.linear``) by
+  ``lax.associative_scan`` over time, the backward the reverse recurrence;
 - ``sharded``: any kernel under a multi-device layout (each device its shard of neurons);
 - ``temporal``: the time axis split over devices (the potential passed between them).
 

@@ -7,6 +7,7 @@ impl       what runs                                                            
 ``pallas`` fused multi-timestep kernels (``snnjax.neurons.kernels.pallas``); interpreted on a CPU  GPU (CPU: tests)
 ``native`` fused multi-timestep C++ kernels through XLA FFI (``snnjax.neurons.kernels.native``)     CPU
 ``scan``   ``lax.scan`` of the single step, plain autodiff (``snnjax.neurons.kernels.scan``): any neuron  everywhere
+``assoc``  ``lax.associative_scan`` of a declared linear recurrence (``snnjax.neurons.kernels.assoc``)  everywhere
 ``auto``   ``pallas`` on a GPU, ``native`` on a CPU, ``xla`` (``scan`` for a step) otherwise (below)
 =========  ======================================================================  ===============
 
@@ -15,6 +16,12 @@ step (a ``base.StepNeuron``: the catalogue's, a user's) on ``scan`` and on the `
 generated from its step (``native.codegen``, ``pallas.step``), which ``auto`` picks as for IF / LIF / PLIF, falling
 back to ``scan`` (with the warning) where the step cannot be generated, and choosing ``scan`` under a layout
 (the generated kernels have no sharding rule) and for T = 1.
+
+A neuron that declares its step the linear recurrence without reset ``V_t = a V_{t-1} + b X_t``
+(``StepNeuron.linear``: the catalogue's non-spiking readouts, a user's ``linear_recurrence``) also runs on
+``assoc``, equal to ``scan`` to rounding (reassociated sums), under a data / fsdp / tensor layout too (plain XLA,
+which the partitioner splits); refused where the mesh splits time. ``auto`` does not pick it (``ASSOC_NOT_AUTO``:
+slower than the native kernel on every measured CPU shape; unmeasured on a GPU) and says so in its reason.
 
 All give the same spikes and states, and gradients equal to rounding. This module and
 ``snnjax.neurons.kernels.sharded`` are the only ones that import the kernel packages; those import only
@@ -63,7 +70,7 @@ import jax
 import jax.numpy as jnp
 
 from snnjax.neurons import base as B
-from snnjax.neurons.kernels import pallas, scan, sharded, temporal, xla
+from snnjax.neurons.kernels import assoc, pallas, scan, sharded, temporal, xla
 from snnjax.neurons.kernels.native import build as native_build
 from snnjax.neurons.kernels.native import neuron as native
 from snnjax.neurons.kernels.pallas import api as pallas_api
@@ -106,6 +113,7 @@ IMPLEMENTATIONS: dict[str, Impl] = {
                    available=native_build.available, any_neuron=True,
                    kernel=sharded.Kernel("native", native.forward_rule, native.backward_rule, B.state_dtype)),
     "scan": Impl("scan", scan.multistep, scan.unsupported_reason, any_neuron=True),
+    "assoc": Impl("assoc", assoc.multistep, assoc.unsupported_reason, any_neuron=True),
 }
 IMPLS = ("auto", *IMPLEMENTATIONS)
 
@@ -132,14 +140,36 @@ class Choice(NamedTuple):
     refused: bool = False
 
 
-def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
-    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call,
-    and why.
+# Why ``auto`` leaves the ``assoc`` path to an explicit choice. Measured (python -m snnjax.bench.neuron --neuron
+# NonSpikingLIFNode --impls auto scan assoc; benchmarks/results/neuron_assoc_cpu.jsonl): float32 forward + backward
+# over [T, 64, C], 2-core CPU, one run under a load of 3-12; assoc's time / auto's (the native kernel):
+#   C = 256:   T = 8 2.0x, 32 1.8x, 128 2.1x, 512 2.8x     (/ scan's: 0.37x, 1.4x, 1.9x, 3.0x)
+#   C = 2048:  T = 8 1.7x, 32 5.1x, 128 5.9x, 512 3.8x     (/ scan's: 1.2x, 1.7x, 1.9x, 1.5x)
+#   C = 16384: T = 8 4.5x, 32 4.0x, 128 3.4x               (/ scan's: 3.8x, 1.3x, 1.8x)
+# The scan's log2(T) levels each read and write the whole [T, ...] array; the native kernel passes over it once.
+# On a GPU, where the sequential steps are what costs, long T is where it should win: unmeasured there.
+ASSOC_NOT_AUTO = ("not assoc (the associative scan of its declared linear recurrence): on the CPU it took 1.7-5.9x the "
+                  "time of the native kernel generated from the step over T = 8..512 and [64, 256]..[64, 16384]; "
+                  "unmeasured on a GPU")
 
-    An explicit ``"pallas"`` or ``"native"`` that cannot run this call raises ValueError saying why
+
+def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
+    """The implementation (``"xla"``, ``"pallas"``, ``"native"``, ``"scan"`` or ``"assoc"``) that runs ``impl`` for
+    this call, and why.
+
+    An explicit ``"pallas"``, ``"native"`` or ``"assoc"`` that cannot run this call raises ValueError saying why
     (``snnjax.neurons.kernels.native.build.NativeBuildError`` where the native kernels cannot be compiled).
     See the module docstring for ``auto``.
     """
+    choice = _choose(impl, cfg, x_seq)
+    if impl == "auto" and choice.impl != "assoc" and IMPLEMENTATIONS["assoc"].unsupported_reason(
+            cfg, (), None, jax.default_backend()) is None:
+        choice = choice._replace(why=f"{choice.why}; {ASSOC_NOT_AUTO}")
+    return choice
+
+
+def _choose(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
+    """``choose_impl`` before its note on the ``assoc`` path."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     backend = jax.default_backend()
@@ -148,7 +178,10 @@ def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
     split = step_neuron and (partitioner_splits() or temporal.applies(x_seq))
     if impl != "auto":
         reason = IMPLEMENTATIONS[impl].unsupported_reason(cfg, shape, dtype, backend)
-        if reason is None and split and impl != "scan":
+        if reason is None and impl == "assoc" and temporal.applies(x_seq):
+            reason = (f"the mesh splits time, and the time-sharded pipeline runs {cfg.name}'s segments on the scan "
+                      "path (assoc has no pipeline over time segments)")
+        if reason is None and split and impl not in ("scan", "assoc"):  # assoc: plain XLA, which the partitioner splits
             reason = f"under a layout {cfg.name} runs on the scan path (the generated kernels have no sharding rule)"
         if reason is not None:
             other = "'xla'" if isinstance(cfg, B.NeuronConfig) else "'scan'"
@@ -179,8 +212,8 @@ def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
 
 
 def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
-    """The implementation (``"xla"``, ``"pallas"``, ``"native"`` or ``"scan"``) that runs ``impl`` for this call
-    (``choose_impl`` without its reason)."""
+    """The implementation (``"xla"``, ``"pallas"``, ``"native"``, ``"scan"`` or ``"assoc"``) that runs ``impl``
+    for this call (``choose_impl`` without its reason)."""
     return choose_impl(impl, cfg, x_seq).impl
 
 
