@@ -161,8 +161,10 @@ def choose_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
         return Choice(fallback, "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring "
                       "ops")
     if temporal.applies(x_seq) and backend not in temporal.KERNEL_BLOCK_BACKENDS:
-        return Choice(fallback, f"under the time split the {fallback} path computes each block of neurons: on the "
-                      f"{backend!r} backend it was measured faster per block than the fused kernels (see "
+        where = ", ".join(temporal.KERNEL_BLOCK_BACKENDS) or "none yet"
+        return Choice(fallback, f"under the time split the {fallback} path computes each block of neurons: auto runs "
+                      f"a fused kernel per block only on the backends of temporal.KERNEL_BLOCK_BACKENDS ({where}; on "
+                      "the CPU the xla path per block measured faster than the native kernels, see "
                       f"snnjax.neurons.kernels.temporal){_placement(fallback, x_seq)}")
     preferred = [c for c in IMPLEMENTATIONS.values() if c.auto_backend == backend]
     if not preferred:
