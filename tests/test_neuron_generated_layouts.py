@@ -27,6 +27,7 @@ SHAPE = (8, 8, 4, 16)  # [T, N, H, C]: 512 neurons
 LAYOUTS = {  # name: (mesh, sharding of x, neurons per kernel call on one device)
     "fsdp_tp": ("data=2,fsdp=2,tensor=2", P(None, ("data", "fsdp"), None, "tensor"), 2 * 4 * 8),
     "time": ("time=4,data=2", P("time", "data"), 4 * 4 * 16),
+    "time_only": ("time=4", P("time"), 8 * 4 * 16),  # no other axis: the kernel on the whole block, unpartitioned
 }
 NEURONS = ((AdaptiveLIF, {}), (IzhikevichNode, {"a": 0.3, "b": 0.2}))
 
@@ -65,7 +66,7 @@ def _under_layout(layout, impl, neurons=NEURONS):
     """``(results, choices of auto and impl for AdaptiveLIF, compiled HLO)`` of ``neurons`` on ``impl`` under
     ``layout``, its mesh's devices given as a plan's layout gives them."""
     spec, sharding, _ = LAYOUTS[layout]
-    mesh = mesh_lib.make_mesh(spec, jax.devices())
+    mesh = mesh_lib.make_mesh(spec, jax.devices()[:4 if layout == "time_only" else 8])
     x, v0, cs = _inputs()
     args = (jax.device_put(x, NamedSharding(mesh, sharding)),
             jax.device_put(v0, NamedSharding(mesh, P(*tuple(sharding)[1:]))),
@@ -90,10 +91,12 @@ def _assert_equal(results, reference):
 def test_the_generated_native_kernel_runs_per_shard_and_per_time_block(layout):
     """``auto`` picks the generated kernel under data x fsdp x tensor (each call on a device's 64 neurons) and says
     so; under the time split it keeps ``scan`` per block (the measured policy) and an explicit ``native`` runs the
-    kernel on each device's share of a block, the state dict passed between the time devices."""
+    kernel on each device's share of a block (on the whole block where time is the only axis), the state dict
+    passed between the time devices."""
     impl = "auto" if layout == "fsdp_tp" else "native"
-    results, (auto, chosen), hlo = _under_layout(layout, impl)
-    _assert_equal(results, _reference())
+    neurons = NEURONS[:1] if layout == "time_only" else NEURONS
+    results, (auto, chosen), hlo = _under_layout(layout, impl, neurons)
+    _assert_equal(results, _reference()[:len(neurons)])
     calls = neuron_kernels(hlo)
     local = LAYOUTS[layout][2]
     assert set(calls) == {"SnnStepForwardF64", "SnnStepBackwardF64"}
