@@ -206,10 +206,12 @@ def flat(tree) -> np.ndarray:
 
 
 def neuron_kernels(hlo: str) -> dict[str, list[int]]:
-    """The native neuron kernel calls of a compiled step: target -> sorted neurons per call (``m`` of ``[T, m]``)."""
+    """The native neuron kernel calls of a compiled step (the hand-written ``SnnNeuron*``, the generated
+    ``SnnStep*``): target -> sorted neurons per call (``m`` of ``[T, m]``)."""
     calls = collections.defaultdict(list)
     for line in hlo.splitlines():
-        match = re.search(r'custom_call_target="(SnnNeuron\w+)", operand_layout_constraints=\{f64\[\d+,(\d+)\]', line)
+        match = re.search(r'custom_call_target="(Snn(?:Neuron|Step)\w+)", '
+                          r'operand_layout_constraints=\{f64\[\d+,(\d+)\]', line)
         if match and " custom-call(" in line:
             calls[match.group(1)].append(int(match.group(2)))
     return {target: sorted(ms) for target, ms in calls.items()}

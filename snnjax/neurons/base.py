@@ -110,6 +110,13 @@ class StepNeuron:
         return step, treedef
 
 
+def per_neuron():
+    """The context in which the kernels generated from a step trace it and its VJP (``kernels.native.codegen``,
+    ``kernels.pallas.step``): no mesh. The step acts on each neuron alone; traced under a layout's mesh context,
+    its VJP would carry the mesh's ``reshard`` ops, which no per-neuron kernel computes."""
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
+
+
 def as_step_neuron(cfg: NeuronConfig, w=None) -> StepNeuron:
     """IF / LIF / PLIF written as a step neuron (``charge``, ``fire``, ``reset``; params ``step_params(cfg, w)``):
     the form the kernels generated from a step run, equal to ``step`` bit for bit."""

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from snnjax.parallel.neuron_paths import describe as describe_neurons
 from snnjax.parallel.temporal import describe as describe_temporal
 from snnjax.parallel.variables import path_str
 
@@ -17,7 +18,8 @@ def spec_str(spec: PartitionSpec) -> str:
 
 
 def format_plan(plan: Any) -> str:
-    """The table ``print(plan)`` shows: mode, reasons, each parameter's layout and bytes, totals, collectives."""
+    """The table ``print(plan)`` shows: mode, reasons, each parameter's layout and bytes, totals, the time split,
+    which path runs each neuron type, collectives."""
     t = plan.totals()
     mesh = " x ".join(f"{k}={v}" for k, v in plan.axis_sizes.items() if v > 1) or "1 device"
     sp = ", sequence parallel" if plan.strategy.sequence_parallel else ""
@@ -42,6 +44,8 @@ def format_plan(plan: Any) -> str:
         lines.append(_offload_line(plan.offload, t))
     if getattr(plan, "temporal", None):
         lines.append(describe_temporal(plan.temporal))
+    if getattr(plan, "neurons", None):
+        lines += describe_neurons(plan.neurons)
     if getattr(plan, "pipeline_summary", None):
         lines += _pipeline_lines(plan.pipeline_summary)
     for c in plan.expected_collectives:

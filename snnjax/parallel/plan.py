@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from snnjax.parallel import auto as auto_lib
 from snnjax.parallel import mesh as mesh_lib
-from snnjax.parallel import param_stream, pipeline_plan
+from snnjax.parallel import neuron_paths, param_stream, pipeline_plan
 from snnjax.parallel import rules as rules_lib
 from snnjax.parallel import temporal as temporal_lib
 from snnjax.parallel.analyze import tp_role
@@ -104,6 +104,8 @@ class Plan:
     pipeline_summary: dict[str, Any] | None = None  # its schedule, bubble, stage inputs held (pipeline_plan.summary)
     packing: StagePacking | None = None  # mode "pp": each device stores its stages' parameters (stage_params)
     offload: str = "none"  # what lives in host memory between steps: none, opt_state, params or all (with_offload)
+    # () -> neuron_paths.summary of the model on its batch (None: planned without the model or input_shape)
+    neuron_trace: Callable[[], list[dict]] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def rules(self) -> Mapping[str, Any]:
@@ -118,6 +120,13 @@ class Plan:
         """The time split (``snnjax.parallel.temporal.summary``), None without one."""
         return temporal_lib.summary(self.axis_sizes.get("time", 1), self.time_steps, self.time_blocks,
                                     in_pipeline=self.mode == "pp")
+
+    @functools.cached_property
+    def neurons(self) -> list[dict] | None:
+        """Which path runs each neuron type of the model under this plan's mesh, and why (``neuron_paths.summary``:
+        ``{"neuron", "layers", "impl", "why"}``); None where the plan was made without the model or ``input_shape``.
+        Traced for shapes on first use."""
+        return None if self.neuron_trace is None else self.neuron_trace()
 
     def with_offload(self, offload: str) -> Plan:
         """This plan with ``offload`` in host memory between steps: ``opt_state`` (the optimizer state),
@@ -178,7 +187,7 @@ class Plan:
                 "sequence_parallel": self.strategy.sequence_parallel, "rules": {k: v for k, v in self.rules.items()},
                 "objective": self.objective, "mesh": dict(self.axis_sizes), "reasons": list(self.reasons),
                 "totals": self.totals(), "expected_collectives": self.expected_collectives, "temporal": self.temporal,
-                "offload": self.offload,
+                "offload": self.offload, "neurons": self.neurons,
                 "params": [p.as_dict() for p in self.params]}
 
     def __str__(self) -> str:
@@ -374,7 +383,8 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     ``mode="pp"``: a pipeline over the mesh's ``stage`` axis (``pipeline``: schedule, virtual stages,
     microbatches, layout; ``snnjax.parallel.pipeline_plan``), each stage using the other axes as the
     mode they imply would (``hybrid`` rules for data x fsdp x tensor). Needs the model (its units);
-    ``input_shape`` (the batch ``[T, N, ...]``) and ``compute_dtype`` let the split balance compiled cost.
+    ``input_shape`` (the batch ``[T, N, ...]``) and ``compute_dtype`` let the split balance compiled cost, and
+    ``plan.neurons`` (printed with the plan) say which path runs each neuron type under this mesh, and why.
     Raises ``ValueError`` saying what to change for layouts that cannot work.
     """
     if objective not in auto_lib.OBJECTIVES:
@@ -480,9 +490,13 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
         spec, why, packing = pipeline_layout(sizes["stage"], sizes["data"] * sizes["fsdp"], row_shards)
         reasons += why
         summary = pipeline_plan.summary(spec, [u.name for u in model_or_state.units()])
+    neuron_trace = None
+    if input_shape is not None and isinstance(model_or_state, nnx.Module):
+        neuron_trace = functools.partial(neuron_paths.summary, model_or_state, tuple(input_shape), dict(sizes),
+                                         compute_dtype or np.float32, time_blocks)
     return Plan(mode=mode, strategy=strategy, objective=objective, axis_sizes=sizes, mesh=mesh, params=plans,
                 opt_slots=opt_slots, min_shard_size=min_shard_size, reasons=reasons, expected_collectives=expected,
                 time_steps=time_steps, time_blocks=time_blocks, pipeline=spec, pipeline_summary=summary,
-                packing=packing if pp else None)
+                packing=packing if pp else None, neuron_trace=neuron_trace)
 
 

@@ -16,10 +16,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import AbstractMesh, AxisType
 
 from snnjax.neurons.kernels import temporal as neuron_temporal
-from snnjax.parallel import layout
+from snnjax.parallel import layout, neuron_paths
 
 
 def check(time_shards: int, time_steps: int | None, time_blocks: int) -> None:
@@ -66,25 +65,9 @@ def neuron_schedules(model: nnx.Module, input_shape: tuple[int, ...], time_shard
                      time_blocks: int = 0) -> list[tuple[tuple[int, ...], neuron_temporal.Schedule]]:
     """``(input shape, Schedule)`` of each multi-step neuron call of ``model`` on ``[T, N, ...]``, in call order.
 
-    Traced for shapes only (``jax.eval_shape``) on an abstract mesh ``time=time_shards``: no devices needed.
+    Traced for shapes only (``neuron_paths.trace``) on an abstract mesh ``time=time_shards``: no devices needed.
     """
-    mesh = AbstractMesh((time_shards,), (neuron_temporal.TIME_AXIS,), axis_types=(AxisType.Auto,))
-    graphdef, state = nnx.split(model)
-
-    def run(state, x):
-        return nnx.merge(graphdef, state)(x)
-
-    with neuron_temporal.recording() as found, jax.sharding.use_abstract_mesh(mesh), \
-            neuron_temporal.block_count(time_blocks):
-        try:
-            jax.eval_shape(run, state, jax.ShapeDtypeStruct(input_shape, dtype))
-        except ValueError as e:
-            if "time_blocks" not in str(e):
-                raise
-            layer = str(e).removeprefix("the neuron layer ")
-            name = type(model).__name__
-            raise ValueError(f"{name}'s neuron layer {len(found) + 1} (in call order) {layer}") from None
-    return found
+    return neuron_paths.trace(model, input_shape, {neuron_temporal.TIME_AXIS: time_shards}, dtype, time_blocks)[1]
 
 
 def format_schedules(schedules) -> str:

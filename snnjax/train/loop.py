@@ -245,14 +245,15 @@ class Trainer:
         data = DataShape.of(train_src, c.data.time_steps)
         shaped = {"input_shape": (data.time_steps, batch, *data.frame_shape), "compute_dtype": step_cfg.compute_dtype}
         # pp, and auto (which may choose it unless the batch is accumulated), cost the stage split on the batch's
-        # shape; time_blocks checks the block count against each layer on it
+        # shape; time_blocks checks the block count against each layer on it; the printed plan traces the neurons
+        # on it (which path runs each)
         pipeline = PipelineOptions(**p.pp) if p.mode == "pp" or (p.mode == "auto" and accum == 1) else None
         plan_options = dict(objective=p.objective, zero_stage=zero_stage, sequence_parallel=p.sequence_parallel,
                             global_batch_size=batch // accum, opt_slots=1 if c.optimizer == "sgd" else 2,
                             min_shard_size=p.min_shard_size,
                             memory_budget_bytes=int(p.memory_budget_mb * 2**20) or None,
                             time_steps=c.data.time_steps, time_blocks=p.time_blocks,
-                            **(shaped if pipeline is not None or p.time_blocks else {}))
+                            **shaped)
         plan = training_plan(model, mesh if mesh is not None else jax.device_count(), p.mode, pipeline=pipeline,
                              **plan_options)
 

@@ -13,9 +13,9 @@ impl       what runs                                                            
 
 The built-in IF / LIF / PLIF (a ``NeuronConfig``) run on every implementation; a neuron given by its single
 step (a ``base.StepNeuron``: the catalogue's, a user's) on ``scan`` and on the ``native`` / ``pallas`` kernels
-generated from its step (``native.codegen``, ``pallas.step``), which ``auto`` picks as for IF / LIF / PLIF, falling
-back to ``scan`` (with the warning) where the step cannot be generated, and choosing ``scan`` under a layout
-(the generated kernels have no sharding rule) and for T = 1.
+generated from its step (``native.codegen``, ``pallas.step``), which ``auto`` picks as for IF / LIF / PLIF (under a
+layout too), falling back to ``scan`` (with the warning) where the step cannot be generated, and choosing ``scan``
+for T = 1 and per block of the time split.
 
 A neuron that declares its step the linear recurrence without reset ``V_t = a V_{t-1} + b X_t``
 (``StepNeuron.linear``: the catalogue's non-spiking readouts, a user's ``linear_recurrence``) also runs on
@@ -35,7 +35,10 @@ dim stays whole). That holds inside a ``shard_map`` that leaves mesh axes automa
 stage over ``stage`` with data / fsdp / tensor inside, a time segment with data inside): there the
 partitioner hands over the automatic axes' tiling without names, and ``sharded`` reads it off the tiling.
 Outside a layout, and inside a ``shard_map`` manual over every axis of more than one device, they run as
-they are, on the local block.
+they are, on the local block. The kernels generated from a step run the same way, each state variable an
+operand of its own with the layout's sharding and each learned scalar's gradient summed over the shards.
+``choose_impl``'s reason says how the chosen path runs under the mesh context (per shard, per time block), and a
+plan prints it per neuron type (``recording``; ``snnjax.parallel.neuron_paths``).
 
 ``auto`` keeps ``xla``:
 - for a single step (T = 1): there is no time loop to fuse, and XLA fuses the one
@@ -47,8 +50,8 @@ they are, on the local block.
 
 Under a layout whose mesh splits ``time`` (temporal parallelism), every ``impl`` runs through
 ``snnjax.neurons.kernels.temporal``: a pipeline over blocks of neurons, each block computed by the ``xla`` path
-(``auto``: it was faster per block than the native kernels on the CPU) or by the kernel an explicit
-``impl`` names.
+(``scan`` for a step; ``auto`` off the backends of ``temporal.KERNEL_BLOCK_BACKENDS``: it was faster per block
+than the native kernels on the CPU) or by the kernel an explicit ``impl`` names.
 
 Measured (``python -m snnjax.bench.neuron``, records in ``benchmarks/results/``): on an H100 the
 Pallas kernels matched the ``xla`` path bit for bit over every variant and ran LIF forward +
@@ -60,6 +63,8 @@ data=4 x tensor=2; the same kernel call gathered onto every device took 0.9-2.3 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import warnings
@@ -175,25 +180,25 @@ def _choose(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
     backend = jax.default_backend()
     shape, dtype = jnp.shape(x_seq), jnp.result_type(x_seq)
     step_neuron = not isinstance(cfg, B.NeuronConfig)
-    split = step_neuron and (partitioner_splits() or temporal.applies(x_seq))
     if impl != "auto":
         reason = IMPLEMENTATIONS[impl].unsupported_reason(cfg, shape, dtype, backend)
         if reason is None and impl == "assoc" and temporal.applies(x_seq):
             reason = (f"the mesh splits time, and the time-sharded pipeline runs {cfg.name}'s segments on the scan "
                       "path (assoc has no pipeline over time segments)")
-        if reason is None and split and impl not in ("scan", "assoc"):  # assoc: plain XLA, which the partitioner splits
-            reason = f"under a layout {cfg.name} runs on the scan path (the generated kernels have no sharding rule)"
         if reason is not None:
-            other = "'xla'" if isinstance(cfg, B.NeuronConfig) else "'scan'"
+            other = "'scan'" if step_neuron else "'xla'"
             raise ValueError(f"impl={impl!r} cannot run this neuron call: {reason}; use impl={other} (or 'auto')")
-        return Choice(impl, f"impl={impl!r} was asked for")
+        return Choice(impl, f"impl={impl!r} was asked for{_placement(impl, x_seq)}")
     fallback = "scan" if step_neuron else "xla"
     if shape[:1] in ((), (1,)):
         return Choice(fallback, "a single step (T = 1) has no time loop to fuse; XLA fuses it into the neighbouring "
                       "ops")
-    if split:
-        return Choice("scan", f"under a layout the SPMD partitioner shards {cfg.name}'s scan path like any "
-                      "elementwise op (the kernels generated from a step have no sharding rule)")
+    if temporal.applies(x_seq) and backend not in temporal.KERNEL_BLOCK_BACKENDS:
+        where = ", ".join(temporal.KERNEL_BLOCK_BACKENDS) or "none yet"
+        return Choice(fallback, f"under the time split the {fallback} path computes each block of neurons: auto runs "
+                      f"a fused kernel per block only on the backends of temporal.KERNEL_BLOCK_BACKENDS ({where}; on "
+                      "the CPU the xla path per block measured faster than the native kernels, see "
+                      f"snnjax.neurons.kernels.temporal){_placement(fallback, x_seq)}")
     preferred = [c for c in IMPLEMENTATIONS.values() if c.auto_backend == backend]
     if not preferred:
         why = f"no fused kernel is preferred on the {backend!r} backend"
@@ -206,9 +211,24 @@ def _choose(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> Choice:
         if reason is None:
             what = f"generated from {cfg.name}'s step " if step_neuron else ""
             return Choice(candidate.name, f"the {candidate.name} kernels {what}are the {backend!r} backend's fused "
-                          "path")
+                          f"path{_placement(candidate.name, x_seq)}")
         refusals.append(f"the {candidate.name} kernels cannot run it: {reason}")
-    return Choice(fallback, "; ".join(refusals), refused=True)
+    return Choice(fallback, "; ".join(refusals) + _placement(fallback, x_seq), refused=True)
+
+
+def _placement(name: str, x_seq) -> str:
+    """How ``name`` runs under the current mesh context: per time block, per shard, or (nothing said) as it is."""
+    kernel = IMPLEMENTATIONS[name].kernel is not None
+    if temporal.applies(x_seq):
+        how = "one block of neurons per device and tick (snnjax.neurons.kernels.temporal)"
+        if temporal.other_axes_split():
+            how += (", each block on every device's shard of the other axes"
+                    + (" (snnjax.neurons.kernels.sharded)" if kernel else ""))
+        return f"; T is split over the mesh axis time: {how}"
+    if partitioner_splits():
+        return ("; under the layout it runs on each device's shard of the neurons (snnjax.neurons.kernels.sharded)"
+                if kernel else "; under the layout the SPMD partitioner shards it like any elementwise op")
+    return ""
 
 
 def resolve_impl(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
@@ -222,9 +242,26 @@ def neuron_name(cfg: B.NeuronConfig | B.StepNeuron) -> str:
     return cfg.kind if isinstance(cfg, B.NeuronConfig) else cfg.name
 
 
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("snnjax_neuron_choices", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect ``(neuron name, input shape, Choice)`` of every multi-step neuron call traced within this context
+    (what a plan reports: ``snnjax.parallel.neuron_paths``)."""
+    found: list = []
+    token = _RECORD.set(found)
+    try:
+        yield found
+    finally:
+        _RECORD.reset(token)
+
+
 def _chosen(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
     """``resolve_impl``, warning where ``auto`` runs ``xla`` because the backend's kernel refused the call."""
     choice = choose_impl(impl, cfg, x_seq)
+    if (record := _RECORD.get()) is not None:
+        record.append((neuron_name(cfg), tuple(jnp.shape(x_seq)), choice))
     if choice.refused:
         warnings.warn(f"impl='auto' runs this {neuron_name(cfg)} neuron with the {choice.impl} path: {choice.why}",
                       stacklevel=3)
@@ -244,8 +281,7 @@ def multistep(cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None,
         B.check_decay_param(cfg, w)
     with jax.named_scope(f"neuron_{neuron_name(cfg)}"):  # profiles and HLO name the neuron's ops (train.profiling)
         if temporal.applies(x_seq):  # the mesh context splits time: the pipelined neuron
-            per_block = impl != "auto" or jax.default_backend() in temporal.KERNEL_BLOCK_BACKENDS
-            kernel = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)].kernel if per_block else None
+            kernel = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)].kernel
             return temporal.multistep(cfg, x_seq, v_init, w, return_v_seq=return_v_seq, kernel=kernel)
         chosen = IMPLEMENTATIONS[_chosen(impl, cfg, x_seq)]
         if chosen.kernel is not None and partitioner_splits():

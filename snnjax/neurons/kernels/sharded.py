@@ -11,10 +11,14 @@ flattened to ``[T, m]`` there (a global flatten to ``[T, M]`` would merge a shar
 and force a gather). PLIF's ``dw`` is the sum over all neurons: each device's partial is
 ``psum``-ed over the mesh axes that split the neurons.
 
-Shapes: ``x_seq [T, ...]``; ``v0`` a scalar (the shared fresh start) or ``[...]``; per device
-the kernel sees ``[T, m]`` with ``m`` the local neurons. A trailing dim whose size does not
-divide by its shard count is kept whole (padding would enter PLIF's ``dw``), as is every dim
-when the operand's sharding is not a ``NamedSharding`` (no mesh to name the axes).
+A neuron given by its single step (``base.StepNeuron``) runs the kernels generated from its step the same way
+(``run``): each state variable is an operand (and its final value a result) of its own, sharded as the neurons
+are, each scalar parameter a replicated operand whose gradient is summed over the shards like PLIF's ``dw``.
+
+Shapes: ``x_seq [T, ...]``; ``v0`` a scalar (the shared fresh start) or ``[...]`` (a tuple of them for a
+``StepNeuron``); per device the kernel sees ``[T, m]`` with ``m`` the local neurons. A trailing dim whose size
+does not divide by its shard count is kept whole (padding would enter the parameters' gradients), as is every
+dim when the operand's sharding is not a ``NamedSharding`` (no mesh to name the axes).
 On one device the custom-partitioning op lowers to the plain kernel call.
 """
 from __future__ import annotations
@@ -38,9 +42,12 @@ from snnjax.neurons import base as B
 class Kernel:
     """A fused kernel's rules on one block ``x [T, m]`` (the kernel packages' ``forward_rule`` / ``backward_rule``).
 
-    ``forward(cfg, return_v_seq, x, v0, w) -> ((s, v), saved)``, ``saved`` a tuple of ``[..., m]`` residuals;
-    ``backward(cfg, return_v_seq, x, saved, v0, w, ds, dv) -> (dx, dv0, dw)`` (``ds`` / ``dv`` None where zero);
-    ``compute_dtype(dtype)``: the dtype ``x`` is cast to before the kernel sees it.
+    IF / LIF / PLIF: ``forward(cfg, return_v_seq, x, v0, w) -> ((s, v), saved)``, ``saved`` a tuple of ``[..., m]``
+    residuals; ``backward(cfg, return_v_seq, x, saved, v0, w, ds, dv) -> (dx, dv0, dw)`` (``ds`` / ``dv`` None where
+    zero). A ``StepNeuron``: ``v0`` a tuple of its state variables (each ``[m]`` or a scalar), ``w`` a tuple of its
+    scalar parameters, three outputs ``(out, V's sequence or None, final states tuple)`` and their three
+    cotangents; ``dv0`` / ``dw`` tuples. ``compute_dtype(dtype)``: the dtype ``x`` is cast to before the kernel
+    sees it.
     """
 
     name: str
@@ -49,50 +56,95 @@ class Kernel:
     compute_dtype: Callable = lambda dtype: dtype
 
 
-def multistep(kernel: Kernel, cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *,
+def multistep(kernel: Kernel, cfg: B.NeuronConfig | B.StepNeuron, x_seq: jax.Array, v_init=None, w=None, *,
               return_v_seq: bool = False):
-    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, through ``kernel`` run per shard.
+    """``(spikes [T, ...], v)`` as ``snnjax.neurons.multistep``, through ``kernel`` run per shard (for a
+    ``StepNeuron``, ``v`` as ``scan.multistep`` returns it).
 
     The caller (``snnjax.neurons.kernels.dispatch``) has checked that the kernel can run this call.
     """
-    B.check_decay_param(cfg, w)
     x_seq = jnp.asarray(x_seq)
+    if isinstance(cfg, B.StepNeuron):
+        state0 = None if v_init is None else B.start_states(cfg, x_seq, v_init)
+        out, v_seq, last = run(kernel, cfg, x_seq, state0, w, return_v_seq=return_v_seq, split=True)
+        return out, (v_seq if return_v_seq else last["v"] if len(cfg.fresh) == 1 else last)
+    B.check_decay_param(cfg, w)
     sdt = B.state_dtype(x_seq.dtype)
     v0 = jnp.full((), cfg.vr, sdt) if v_init is None else B.broadcast_state(cfg, x_seq, v_init)
     w0 = jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
-    s, v = _multistep(kernel, cfg, return_v_seq, x_seq.astype(kernel.compute_dtype(x_seq.dtype)), v0, w0)
+    s, v = _multistep(kernel, cfg, return_v_seq, True, x_seq.astype(kernel.compute_dtype(x_seq.dtype)), v0, w0)
     return s.astype(x_seq.dtype), v
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _multistep(kernel, cfg, return_v_seq, x, v0, w):
-    s, v, _ = _forward_op(kernel, cfg, return_v_seq, x, v0, w)
-    return s, v
+def run(kernel: Kernel, neuron: B.StepNeuron, x_seq: jax.Array, state0: dict | None, params, *,
+        return_v_seq: bool, split: bool):
+    """A ``StepNeuron`` through ``kernel``: ``(outs [T, ...] in x's dtype, V [T, ...] or None, final state dict)``,
+    as ``scan.run`` returns them, from ``state0`` (``{name: [...]}``; None: the fresh state, one value per state
+    variable for every neuron, whose cotangent is not computed). Differentiable in ``x_seq``, ``state0`` and
+    ``params`` (a pytree of scalars).
+
+    ``split``: the SPMD partitioner splits the trailing dims (the kernel runs per shard, the parameters' gradients
+    summed over the shards); else the kernel runs on the whole (local) array.
+    """
+    x_seq = jnp.asarray(x_seq)
+    sdt = B.state_dtype(x_seq.dtype)
+    if state0 is None:
+        v0 = tuple(jnp.asarray(fresh, sdt) for _, fresh in neuron.fresh)
+    else:
+        v0 = tuple(jnp.asarray(state0[name], sdt) for name in neuron.names)
+    w0 = tuple(jnp.asarray(a).reshape(()) for a in jax.tree.leaves(params))
+    x = x_seq.astype(kernel.compute_dtype(x_seq.dtype))
+    out, v_seq, last = _multistep(kernel, neuron, return_v_seq, split, x, v0, w0)
+    return out.astype(x_seq.dtype), v_seq, dict(zip(neuron.names, last, strict=True))
 
 
-def _multistep_fwd(kernel, cfg, return_v_seq, x, v0, w):
-    x, v0, w = (p.value if isinstance(p, CustomVJPPrimal) else p for p in (x, v0, w))
-    s, v, saved = _forward_op(kernel, cfg, return_v_seq, x, v0, w)
-    return (s, v), (x, saved, v0, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _multistep(kernel, cfg, return_v_seq, split, x, v0, w):
+    outs, _ = (_forward_op if split else _forward_block)(kernel, cfg, return_v_seq, x, v0, w)
+    return outs
 
 
-def _multistep_bwd(kernel, cfg, return_v_seq, res, cts):
+def _is_primal(p):
+    return isinstance(p, CustomVJPPrimal)
+
+
+def _multistep_fwd(kernel, cfg, return_v_seq, split, x, v0, w):
+    x, v0, w = jax.tree.map(lambda p: p.value if _is_primal(p) else p, (x, v0, w), is_leaf=_is_primal)
+    outs, saved = (_forward_op if split else _forward_block)(kernel, cfg, return_v_seq, x, v0, w)
+    return outs, (x, saved, v0, w)
+
+
+def _multistep_bwd(kernel, cfg, return_v_seq, split, res, cts):
     x, saved, v0, w = res
-    ds, dv = (None if isinstance(c, SymbolicZero) else c for c in cts)
-    slots = _dw_slots(cfg)
-    dx, dv0, dw = _backward_op(kernel, cfg, return_v_seq, slots, x, saved, v0, w, ds, dv)
-    return dx, dv0, (dw.sum() if slots else dw)
+    cts = jax.tree.map(lambda c: None if isinstance(c, SymbolicZero) else c, cts,
+                       is_leaf=lambda c: isinstance(c, SymbolicZero))
+    if split:
+        slots = _dw_slots(cfg)
+        dx, dv0, dw = _backward_op(kernel, cfg, return_v_seq, slots, x, saved, v0, w, *cts)
+        if slots:
+            dw = jax.tree.map(jnp.sum, dw)
+    else:
+        dx, dv0, dw = _backward_block(kernel, cfg, return_v_seq, 0, x, saved, v0, w, *cts)
+    return dx, dv0, jax.tree.map(lambda g, a: g.astype(a.dtype), dw, w)
 
 
-def _dw_slots(cfg: B.NeuronConfig) -> int:
-    """0, or (PLIF inside a ``shard_map`` that leaves mesh axes automatic) the devices of those axes.
+def _n_params(cfg: B.NeuronConfig | B.StepNeuron) -> int:
+    """The scalar parameters whose gradient is a sum over all neurons: PLIF's ``w``, a ``StepNeuron``'s leaves."""
+    if isinstance(cfg, B.StepNeuron):
+        return len(jax.tree.leaves(cfg.params_like))
+    return int(cfg.kind == "PLIF")
+
+
+def _dw_slots(cfg: B.NeuronConfig | B.StepNeuron) -> int:
+    """0, or (a neuron with parameters inside a ``shard_map`` that leaves mesh axes automatic) the devices of
+    those axes.
 
     There a ``psum`` inside the partitioned backward would name only the automatic axes' devices (XLA refuses
-    the replica groups), so each device instead writes its block's share of ``dw`` into a slot of its own
-    (``[slots]``) and the sum over the slots is left to the partitioner.
+    the replica groups), so each device instead writes its block's share of each parameter's gradient into a slot
+    of its own (``[slots]``) and the sum over the slots is left to the partitioner.
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if cfg.kind != "PLIF" or mesh.empty or not mesh.manual_axes:
+    if not _n_params(cfg) or mesh.empty or not mesh.manual_axes:
         return 0
     return math.prod(mesh.shape[a] for a in mesh.axis_names if a not in mesh.manual_axes)
 
@@ -116,31 +168,37 @@ def _unflat(a, x_shape):
 
 
 def _forward_block(kernel, cfg, return_v_seq, x, v0, w):
-    (s, v), saved = kernel.forward(cfg, return_v_seq, _flat(x, x.ndim), _flat(v0, x.ndim), w)
-    return _unflat(s, x.shape), _unflat(v, x.shape), tuple(_unflat(a, x.shape) for a in saved)
+    """``(outputs, saved)`` of the kernel's forward on this block (``v0`` / ``w`` / the outputs: pytrees)."""
+    n = x.ndim
+    outs, saved = kernel.forward(cfg, return_v_seq, _flat(x, n), jax.tree.map(lambda a: _flat(a, n), v0), w)
+    unflat = functools.partial(_unflat, x_shape=x.shape)
+    return jax.tree.map(unflat, outs), tuple(unflat(a) for a in saved)
 
 
-def _backward_global(kernel, cfg, return_v_seq, slots, x, saved, v0, w, ds, dv):
+def _backward_global(kernel, cfg, return_v_seq, slots, x, saved, v0, w, *cts):
     """The unpartitioned backward (``custom_partitioning`` takes no keyword-only arguments such as ``dw_axes``);
-    with ``slots``, ``dw`` is ``[slots]`` holding the whole sum in slot 0."""
-    dx, dv0, dw = _backward_block(kernel, cfg, return_v_seq, 0, x, saved, v0, w, ds, dv)
-    if slots and dw is not None:
-        dw = jnp.zeros((slots,), dw.dtype).at[0].set(dw)
+    with ``slots``, each parameter's gradient is ``[slots]`` holding the whole sum in slot 0."""
+    dx, dv0, dw = _backward_block(kernel, cfg, return_v_seq, 0, x, saved, v0, w, *cts)
+    if slots:
+        dw = jax.tree.map(lambda g: jnp.zeros((slots,), g.dtype).at[0].set(g), dw)
     return dx, dv0, dw
 
 
-def _backward_block(kernel, cfg, return_v_seq, slots, x, saved, v0, w, ds, dv, *, dw_axes=(), dw_copies=1):
+def _backward_block(kernel, cfg, return_v_seq, slots, x, saved, v0, w, *cts, dw_axes=(), dw_copies=1):
+    """``(dx, dv0, dw)`` on this block; ``cts``: the outputs' cotangents (None where zero)."""
     n = x.ndim
-    dx, dv0, dw = kernel.backward(cfg, return_v_seq, _flat(x, n), tuple(_flat(a, n) for a in saved),
-                                  _flat(v0, n), w, _flat(ds, n), _flat(dv, n))
-    if dw is not None and slots:
+    flat = functools.partial(jax.tree.map, lambda a: _flat(a, n))
+    dx, dv0, dw = kernel.backward(cfg, return_v_seq, _flat(x, n), tuple(_flat(a, n) for a in saved), flat(v0), w,
+                                  *flat(cts))
+    if slots:
         # This device's slot: its block's share, divided among the devices holding the same block (exact for
         # power-of-two copy counts: the slots then sum to the block sums bit for bit).
-        dw = (dw / dw_copies).reshape(1)
-    elif dw is not None and dw_axes:
-        dw = jax.lax.psum(dw, dw_axes)  # PLIF: this block's share of the sum over all neurons
-    # A scalar v0 is the shared constant start: its cotangent is not wanted (zero, as the kernels return it).
-    return _unflat(dx, x.shape), (jnp.zeros_like(v0) if v0.ndim == 0 else _unflat(dv0, x.shape)), dw
+        dw = jax.tree.map(lambda g: (g / dw_copies).reshape(1), dw)
+    elif dw_axes:
+        dw = jax.tree.map(lambda g: jax.lax.psum(g, dw_axes), dw)  # this block's share of the sum over all neurons
+    # A scalar start state is the shared constant fresh one: its cotangent is not wanted (zero).
+    dv0 = jax.tree.map(lambda g, a: jnp.zeros_like(a) if a.ndim == 0 else _unflat(g, x.shape), dv0, v0)
+    return _unflat(dx, x.shape), dv0, dw
 
 
 def _trailing_spec(mesh, x) -> tuple | None:
@@ -206,26 +264,36 @@ def _partition(block, reduces_dw, *args):
     if reduces_dw:
         options["dw_axes"] = used
         slots = static[3]
-        if slots and result_shape[2] is not None:
+        if slots and jax.tree.leaves(result_shape[2]):
             if mesh.size != slots:
-                raise NotImplementedError(f"PLIF's dw over {slots} devices, but the partitioner tiles the neuron "
-                                          f"over a mesh of {mesh.size}")
+                raise NotImplementedError(f"the parameters' gradients over {slots} devices, but the partitioner "
+                                          f"tiles the neuron over a mesh of {mesh.size}")
             options["dw_copies"] = math.prod(mesh.shape[a] for a in mesh.axis_names if a not in used)
-            results = (results[0], results[1], NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names))))
+            slot = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+            results = (results[0], results[1], jax.tree.map(lambda _: slot, result_shape[2]))
     lower = functools.partial(block, *static, **options)
     return mesh, lower, results, jax.tree.map(shard, arg_shapes)
 
 
-def _rule(*args):
-    """Shardy's rule: rank-0 values replicated, the trailing dims pass through, a leading dim of a full-rank value
-    (T, or a checkpoint count) needs replication; PLIF's ``dw`` slots (the backward's last result when it has
-    rank 1 and the op has slots) get a factor of their own."""
-    *static, value_types, result_types = args
-    slotted = len(static) > 3 and static[3] and len(result_types) == 3 and result_types[2].rank == 1
-    if slotted:
-        rule = _rule(*static[:3], 0, value_types, result_types[:2])
-        return SdyShardingRule(rule.operand_mappings, (*rule.result_mappings, ArrayMapping("slot")),
-                               need_replication_factors=rule.need_replication_factors)
+def _forward_rule(kernel, cfg, return_v_seq, mesh, value_types, result_types):
+    """Shardy's rule of the forward: see ``_rank_rule``."""
+    return _rank_rule(value_types, result_types)
+
+
+def _backward_rule(kernel, cfg, return_v_seq, slots, mesh, value_types, result_types):
+    """Shardy's rule of the backward: ``_rank_rule``, and with ``slots`` the parameters' gradient slots (its last
+    results) get a factor of their own."""
+    slotted = _n_params(cfg) if slots else 0
+    if not slotted:
+        return _rank_rule(value_types, result_types)
+    rule = _rank_rule(value_types, result_types[:-slotted])
+    return SdyShardingRule(rule.operand_mappings, (*rule.result_mappings, *[ArrayMapping("slot")] * slotted),
+                           need_replication_factors=rule.need_replication_factors)
+
+
+def _rank_rule(value_types, result_types):
+    """Rank-0 values replicated, the trailing dims pass through, a leading dim of a full-rank value (T, or a
+    checkpoint count) needs replication."""
     ranks = [t.rank for t in (*value_types, *result_types)]
     ndim = ranks[0]
     trailing = tuple(f"d{i}" for i in range(1, ndim))
@@ -245,6 +313,6 @@ def _rule(*args):
 
 
 _forward_op = custom_partitioning(_forward_block, static_argnums=(0, 1, 2))
-_forward_op.def_partition(functools.partial(_partition, _forward_block, False), sharding_rule=_rule)
+_forward_op.def_partition(functools.partial(_partition, _forward_block, False), sharding_rule=_forward_rule)
 _backward_op = custom_partitioning(_backward_global, static_argnums=(0, 1, 2, 3))
-_backward_op.def_partition(functools.partial(_partition, _backward_block, True), sharding_rule=_rule)
+_backward_op.def_partition(functools.partial(_partition, _backward_block, True), sharding_rule=_backward_rule)

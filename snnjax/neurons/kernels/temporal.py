@@ -22,7 +22,8 @@ them to rounding (PLIF's ``dw`` is summed in another order).
 
 A neuron given by its single step (``base.StepNeuron``: the catalogue's, a user's) runs the same pipeline with
 its whole state (every state variable, a dict) passed between devices and its parameters' gradients summed like
-PLIF's ``dw``; each block is its ``scan`` path (``kernels.scan``).
+PLIF's ``dw``; each block is its ``scan`` path (``kernels.scan``) or, given a ``kernel``, the kernel generated
+from its step (``sharded.run``).
 
 Per block runs the ``xla`` path (``kernels.xla``) or, given a ``kernel`` (``kernels.sharded.Kernel``:
 the native CPU kernels, the Pallas kernels), that kernel's forward and backward on the block flattened to
@@ -238,7 +239,7 @@ def applies(x_seq) -> bool:
     return True
 
 
-def _other_axes_split() -> bool:
+def other_axes_split() -> bool:
     """Whether the current mesh context leaves an axis besides ``time`` of more than one device to the partitioner
     (axes an enclosing ``shard_map`` is manual over, such as a pipeline's ``stage``, split nothing here)."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -263,7 +264,7 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     if shards < 2 or x_seq.ndim < 2 or x_seq.shape[0] % shards:
         raise ValueError(f"the time-sharded neuron needs a mesh context with time > 1 dividing T and an input "
                          f"[T, ...] of rank >= 2; got time={shards}, shape {x_seq.shape}")
-    if kernel is not None and _other_axes_split() and not jax.sharding.get_abstract_mesh().manual_axes \
+    if kernel is not None and other_axes_split() and not jax.sharding.get_abstract_mesh().manual_axes \
             and _concrete_mesh() is None:
         kernel = None  # only an abstract mesh: a kernel split further by the partitioner needs the devices
     sched = layer_schedule(x_seq.shape, shards, x_seq.dtype, _BLOCKS.get() if blocks is None else blocks)
@@ -277,7 +278,7 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
     full = block_view(x_seq.shape[1:])
     kept = [i for i, n in enumerate(full) if n > 1 or i == sched.dim]
     view = tuple(full[i] for i in kept)
-    blocks = _Blocks(sched.blocks, major=not _other_axes_split())
+    blocks = _Blocks(sched.blocks, major=not other_axes_split())
     # The devices are looked up now: the backward is traced later, maybe outside the mesh contexts.
     static = (cfg, return_v_seq, v_init is not None, shards, kept.index(sched.dim), blocks, kernel, _shard_map_mesh())
     t, trailing = x_seq.shape[0], x_seq.shape[1:]
@@ -390,16 +391,24 @@ def _block_forward(cfg, ret_seq, kernel, x, v, w):
     """``(s [T/P, ...], v, final)`` of one block (``v`` the state sequence with ``ret_seq``, else the final state;
     ``final`` the final state, a dict for a ``StepNeuron``)."""
     if isinstance(cfg, B.StepNeuron):
-        s, v_seq, last = scan.run(cfg, x, v, w, return_v_seq=ret_seq)
+        s, v_seq, last = _step_run(kernel)(cfg, x, v, w, return_v_seq=ret_seq)
         return s, (v_seq if ret_seq else last), last
     s, v = _kernel_block_forward(cfg, ret_seq, kernel, x, v, w)
     return s, v, (v[-1] if ret_seq else v)
 
 
+def _step_run(kernel):
+    """How a ``StepNeuron``'s block runs: ``scan.run``, or the kernel generated from its step (per device share
+    where the partitioner splits the block further); ``(outs, V's sequence or None, final state dict)``."""
+    if kernel is None:
+        return scan.run
+    return functools.partial(sharded.run, kernel, split=other_axes_split())
+
+
 def _kernel_block_forward(cfg, ret_seq, kernel, x, v, w):
     if kernel is None:
         return xla.multistep(cfg, x, v, w, return_v_seq=ret_seq)
-    if _other_axes_split():  # the partitioner splits the block further: the kernel per device, on its share
+    if other_axes_split():  # the partitioner splits the block further: the kernel per device, on its share
         return sharded.multistep(kernel, cfg, x, v, w, return_v_seq=ret_seq)
     (s, v_out), _ = kernel.forward(cfg, ret_seq, *_flat(kernel, x, v), w)
     return s.astype(x.dtype).reshape(x.shape), v_out.reshape(x.shape if ret_seq else v.shape)
@@ -410,9 +419,10 @@ def _block_backward(cfg, ret_seq, kernel, x, v, w, ds, dv, d_last=None):
     (a ``StepNeuron``: ``dv`` that of the state sequence, None without ``ret_seq``, and ``d_last`` that of the
     final state dict)."""
     if isinstance(cfg, B.StepNeuron):
-        _, vjp = jax.vjp(lambda x, v, w: scan.run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
+        run = _step_run(kernel)
+        _, vjp = jax.vjp(lambda x, v, w: run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
         return vjp((ds, dv, d_last))
-    if kernel is None or _other_axes_split():
+    if kernel is None or other_axes_split():
         run = xla.multistep if kernel is None else functools.partial(sharded.multistep, kernel)
         _, vjp = jax.vjp(lambda x, v, w: run(cfg, x, v, w, return_v_seq=ret_seq), x, v, w)
         return vjp((ds, dv))

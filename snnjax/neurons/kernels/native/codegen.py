@@ -279,8 +279,9 @@ def trace(neuron: B.StepNeuron, dtype):
         dx, d_states, d_prm = vjp((d_out, list(d_new)))
         return [dx, *d_states, *d_prm]
 
-    f = jax.make_jaxpr(fwd)(lane, *[lane] * n_s, *p_lanes)
-    b = jax.make_jaxpr(bwd)(lane, *[lane] * n_s, *p_lanes, *[lane] * (1 + n_s))
+    with B.per_neuron():
+        f = jax.make_jaxpr(fwd)(lane, *[lane] * n_s, *p_lanes)
+        b = jax.make_jaxpr(bwd)(lane, *[lane] * n_s, *p_lanes, *[lane] * (1 + n_s))
     return f, b
 
 

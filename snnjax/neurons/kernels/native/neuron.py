@@ -135,18 +135,25 @@ def _fused_bwd(cfg, return_v_seq, res, cts):
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 
 
-def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.Array, w):
+def forward_rule(cfg: B.NeuronConfig | B.StepNeuron, return_v_seq: bool, x: jax.Array, v0, w):
     """The fused forward on ``x [T, M]`` (already in the state dtype), for callers that run it per shard.
 
     Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
     each ``[..., M]`` (none here). ``snnjax.neurons.kernels.sharded`` calls this and ``backward_rule``.
+    A ``StepNeuron`` runs its generated kernel (``step.forward_rule``: ``v0`` and ``w`` tuples, three outputs).
     """
+    if isinstance(cfg, B.StepNeuron):
+        return step.forward_rule(cfg, return_v_seq, x, v0, w)
     build.load()
     return _forward(cfg, return_v_seq, x, v0, w), ()
 
 
-def backward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, saved: tuple, v0: jax.Array, w, ds, dv):
-    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero."""
+def backward_rule(cfg: B.NeuronConfig | B.StepNeuron, return_v_seq: bool, x: jax.Array, saved: tuple, v0, w,
+                  ds, dv, *d_last):
+    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero
+    (a ``StepNeuron``: ``step.backward_rule``, with the final states' cotangents ``d_last``)."""
+    if isinstance(cfg, B.StepNeuron):
+        return step.backward_rule(cfg, return_v_seq, x, saved, v0, w, ds, dv, *d_last)
     ds = SymbolicZero(jax.typeof(x)) if ds is None else ds
     dv = SymbolicZero(jax.typeof(x).update(shape=x.shape[int(not return_v_seq):])) if dv is None else dv
     return _fused_bwd(cfg, return_v_seq, (x, *saved, v0, w), (ds, dv))

@@ -105,3 +105,45 @@ def _fused_bwd(kernel, return_v_seq, res, cts):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
+
+
+def forward_rule(neuron: B.StepNeuron, return_v_seq: bool, x: jax.Array, s0: tuple, prm: tuple):
+    """The generated forward on one block ``x [T, M]`` (already in the state dtype), for callers that run it per
+    shard (``snnjax.neurons.kernels.sharded``).
+
+    ``s0``: the start state, one array per state variable in ``neuron.names`` order, each ``[M]`` or a scalar (the
+    fresh state, the same for every neuron); ``prm``: the parameters' leaves, scalars. Returns ``((out [T, M],
+    V [T, M] or None, final states: a tuple of S ``[M]``), saved)``, ``saved`` the residuals besides x, s0 and prm
+    (none: the backward recomputes the states).
+    """
+    kernel = codegen.kernel(neuron, x.dtype)
+    out, v_seq, last = _forward(kernel, return_v_seq, x, *_operands(x, s0, prm))
+    return (out, v_seq if return_v_seq else None, tuple(last)), ()
+
+
+def backward_rule(neuron: B.StepNeuron, return_v_seq: bool, x: jax.Array, saved: tuple, s0: tuple, prm: tuple,
+                  d_out, d_v_seq, d_last):
+    """``(dx [T, M], d_s0 (a tuple shaped as s0), d_prm (a tuple of scalars in prm's dtypes))`` of the generated
+    backward; ``d_out`` / ``d_v_seq`` None where zero, ``d_last`` a tuple of S ``[M]`` (None where zero) or None."""
+    del saved
+    kernel = codegen.kernel(neuron, x.dtype)
+    s0_arr, prm_arr = _operands(x, s0, prm)
+    d_out = SymbolicZero(jax.typeof(x)) if d_out is None else d_out
+    d_v_seq = SymbolicZero(jax.typeof(x)) if d_v_seq is None else d_v_seq
+    if d_last is None or all(d is None for d in d_last):
+        d_last = SymbolicZero(jax.typeof(x).update(shape=(len(s0), x.shape[1])))
+    else:
+        d_last = jnp.stack([jnp.zeros(x.shape[1:], x.dtype) if d is None else d.astype(x.dtype) for d in d_last])
+    dx, ds0, dp = _fused_bwd(kernel, return_v_seq, (x, s0_arr, prm_arr), (d_out, d_v_seq, d_last))
+    return (dx, tuple(ds0[i] for i in range(len(s0))),
+            tuple(dp[i].astype(jnp.result_type(p)) for i, p in enumerate(prm)))
+
+
+def _operands(x, s0: tuple, prm: tuple):
+    """The kernel's start state (``[S]`` for a fresh start, else ``[S, M]``) and parameter row ``[P]``."""
+    if all(jnp.ndim(a) == 0 for a in s0):
+        s0_arr = jnp.stack([jnp.asarray(a, x.dtype) for a in s0])
+    else:
+        s0_arr = jnp.stack([jnp.broadcast_to(jnp.asarray(a, x.dtype), x.shape[1:]) for a in s0])
+    prm_arr = jnp.stack([jnp.asarray(a, x.dtype).reshape(()) for a in prm]) if prm else jnp.zeros((0,), x.dtype)
+    return s0_arr, prm_arr

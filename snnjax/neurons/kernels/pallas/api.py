@@ -130,20 +130,26 @@ def _fused_bwd(cfg, return_v_seq, opts, res, cts):
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 
 
-def forward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, v0: jax.Array, w,
+def forward_rule(cfg: B.NeuronConfig | B.StepNeuron, return_v_seq: bool, x: jax.Array, v0, w,
                  options: KernelOptions = DEFAULT):
     """The fused forward on ``x [T, M]``, for callers that run it per shard.
 
     Returns ``((s [T, M], v [T, M] or [M]), saved)``: ``saved`` holds the residuals besides x, v0 and w,
     each ``[..., M]`` (the V checkpoints, if any). ``snnjax.neurons.kernels.sharded`` calls this and ``backward_rule``.
+    A ``StepNeuron`` runs the step's kernels (``step.forward_rule``: ``v0`` and ``w`` tuples, three outputs).
     """
+    if isinstance(cfg, B.StepNeuron):
+        return step.forward_rule(cfg, return_v_seq, x, v0, w, options)
     outs, (_, ck, _, _) = _fused_fwd(cfg, return_v_seq, options, x, v0, w)
     return outs, (() if ck is None else (ck,))
 
 
-def backward_rule(cfg: B.NeuronConfig, return_v_seq: bool, x: jax.Array, saved: tuple, v0: jax.Array, w, ds, dv,
-                  options: KernelOptions = DEFAULT):
-    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero."""
+def backward_rule(cfg: B.NeuronConfig | B.StepNeuron, return_v_seq: bool, x: jax.Array, saved: tuple, v0, w, ds,
+                  dv, *d_last, options: KernelOptions = DEFAULT):
+    """``(dx [T, M], dv0 (v0's shape), dw or None)`` of the fused backward; ``ds`` / ``dv`` None where zero
+    (a ``StepNeuron``: ``step.backward_rule``, with the final states' cotangents ``d_last``)."""
+    if isinstance(cfg, B.StepNeuron):
+        return step.backward_rule(cfg, return_v_seq, x, saved, v0, w, ds, dv, *d_last, options=options)
     ds = SymbolicZero(jax.typeof(x)) if ds is None else ds
     dv = SymbolicZero(jax.typeof(x).update(shape=x.shape[int(not return_v_seq):])) if dv is None else dv
     return _fused_bwd(cfg, return_v_seq, options, (x, saved[0] if saved else None, v0, w), (ds, dv))

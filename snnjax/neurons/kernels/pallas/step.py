@@ -55,6 +55,16 @@ def _rows(leaves, bm: int) -> list[jax.Array]:
     return [jnp.full((bm,), a) for a in leaves]
 
 
+def _per_neuron(kernel):
+    """``kernel`` traced in ``base.per_neuron``'s context (no mesh), as the step acts on each neuron alone."""
+    @functools.wraps(kernel)
+    def traced(*args):
+        with B.per_neuron():
+            return kernel(*args)
+    return traced
+
+
+@_per_neuron
 def _forward_kernel(step, S, P, T, K, return_v_seq, checkpoints, m, x_ref, s0_ref, *refs):
     prm = [r[...] for r in refs[:P]]
     out_ref, *refs = refs[P:]
@@ -88,6 +98,7 @@ def _forward_kernel(step, S, P, T, K, return_v_seq, checkpoints, m, x_ref, s0_re
         io.store(last_ref, states[k], k)
 
 
+@_per_neuron
 def _backward_kernel(step, S, P, T, K, dv_in, m, x_ref, *refs):
     refs = list(refs)
     ck_ref = refs.pop(0) if checkpoint_rows(T, K) else None
@@ -236,3 +247,39 @@ def _fused_bwd(neuron, return_v_seq, opts, res, cts):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
+
+
+def forward_rule(neuron: B.StepNeuron, return_v_seq: bool, x: jax.Array, s0: tuple, prm: tuple,
+                 options: KernelOptions = DEFAULT):
+    """The step's fused forward on one block ``x [T, M]``, for callers that run it per shard
+    (``snnjax.neurons.kernels.sharded``).
+
+    ``s0``: the start state, one array per state variable in ``neuron.names`` order, each ``[M]`` or a scalar
+    (broadcast over the block); ``prm``: the parameters' leaves, scalars. Returns ``((out [T, M], V [T, M] or
+    None, final states: a tuple of S ``[M]``), saved)``, ``saved`` the state checkpoints (or nothing).
+    """
+    s0_arr = _start(neuron, x, s0)
+    out, v_seq, last, ck = forward(neuron, return_v_seq, options, x, s0_arr, list(prm), checkpoints=True)
+    return (out, v_seq, tuple(last)), (() if ck is None else (ck,))
+
+
+def backward_rule(neuron: B.StepNeuron, return_v_seq: bool, x: jax.Array, saved: tuple, s0: tuple, prm: tuple,
+                  d_out, d_v_seq, d_last, options: KernelOptions = DEFAULT):
+    """``(dx [T, M], d_s0 (a tuple shaped as s0), d_prm (a tuple of scalars))`` of the step's fused backward;
+    ``d_out`` / ``d_v_seq`` None where zero, ``d_last`` a tuple of S ``[M]`` (None where zero) or None."""
+    s0_arr = _start(neuron, x, s0)
+    sdt = s0_arr.dtype
+    d_out = jnp.zeros(x.shape, sdt) if d_out is None else d_out
+    d_v_seq = None if d_v_seq is None else d_v_seq.astype(sdt)
+    d_last = tuple(d_last) if d_last is not None else (None,) * len(s0)
+    d_last = jnp.stack([jnp.zeros(x.shape[1:], sdt) if d is None else d.astype(sdt) for d in d_last])
+    dx, ds0, dp = backward(neuron, options, x, saved[0] if saved else None, s0_arr, list(prm), d_out, d_v_seq,
+                           d_last)
+    d_s0 = tuple(jnp.sum(ds0[i]) if jnp.ndim(a) == 0 else ds0[i] for i, a in enumerate(s0))
+    return dx, d_s0, tuple(jnp.sum(d).astype(jnp.result_type(a)) for d, a in zip(dp, prm, strict=True))
+
+
+def _start(neuron: B.StepNeuron, x, s0: tuple) -> jax.Array:
+    """The start states as the kernels read them, ``[S, M]`` in the state dtype."""
+    sdt = B.state_dtype(x.dtype)
+    return jnp.stack([jnp.broadcast_to(jnp.asarray(a, sdt), x.shape[1:]) for a in s0])
