@@ -44,6 +44,12 @@ The whole CIFAR10DVSVGG train step (``python -m snnjax.bench.plain_jit``, load a
 0.66 s with XLA's default (what it now gets) against 9.8 s with the Eigen option (what ``import snnjax`` used to
 set for every compile; CPU time 0.30 / 5.0 s).
 
+oneDNN (3.2, through an XLA FFI call: ``python -m snnjax.bench.conv``, records in ``benchmarks/results/conv_cpu.jsonl``)
+is no faster at the zoo's shapes: CIFAR10DVSVGG's convolutions at N*T = 32 take 2795 CPU ms against Eigen's 3012
+(forward and input gradient 10-20% faster on the large layers, kernel gradient slower on the 12 x 12 and 6 x 6 ones),
+both near the cores' peak; the ResNets' convolutions (maps of 16 x 16 and smaller) take 1.2-1.7x this op's CPU
+time on oneDNN, so this op stays on XLA.
+
 No form of the convolution gets Eigen under XLA's default options (so plain ``jax.jit`` without the options pays
 YNNPACK's weight gradient): YNNPACK does not take a 3-D convolution with a unit depth, but Eigen's 3-D path is
 as slow as YNNPACK for the weight gradient (2300 ms above), and a cotangent-as-kernel taller than the input,

@@ -1,6 +1,7 @@
 """Compile and load the native CPU neuron kernels (``neuron_ffi.cc``) once per machine.
 
-The shared library is built with the system C++ compiler (``$CXX``, else ``g++``,
+``build_library`` is the general step (any FFI source: the neuron kernels, the oneDNN convolution of
+``snnjax.bench.conv``). The shared library is built with the system C++ compiler (``$CXX``, else ``g++``,
 else ``c++``) against jaxlib's XLA FFI headers, for this machine's CPU
 (``-march=native``), and cached under ``$SNNJAX_CACHE`` (default
 ``~/.cache/snnjax``), keyed by the sources, the jaxlib version, the compiler and
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 
 import jax
 import jaxlib
@@ -85,45 +87,57 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("SNNJAX_CACHE", pathlib.Path.home() / ".cache" / "snnjax"))
 
 
-def _compile(cxx: str, out: pathlib.Path) -> None:
+def _compile(cxx: str, what: str, source: pathlib.Path, extra: Sequence[str], out: pathlib.Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_lib = pathlib.Path(tmp) / out.name
-        cmd = [cxx, *flags(), f"-I{jax.ffi.include_dir()}", f"-I{HERE}", str(SOURCES[0]), "-o", str(tmp_lib)]
-        log.warning("compiling the native CPU neuron kernels (once per machine; cached in %s)", out.parent)
+        cmd = [cxx, *flags(), f"-I{jax.ffi.include_dir()}", f"-I{source.parent}", str(source), *extra,
+               "-o", str(tmp_lib)]
+        log.warning("compiling the %s (once per machine; cached in %s)", what, out.parent)
         start = time.perf_counter()
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode:
-            raise NativeBuildError(f"compiling {SOURCES[0].name} failed:\n{' '.join(cmd)}\n{result.stderr[-3000:]}")
+            raise NativeBuildError(f"compiling {source.name} failed:\n{' '.join(cmd)}\n{result.stderr[-3000:]}")
         os.replace(tmp_lib, out)  # atomic: concurrent builders never load a partial library
-        log.warning("compiled the native CPU neuron kernels in %.1f s", time.perf_counter() - start)
+        log.warning("compiled the %s in %.1f s", what, time.perf_counter() - start)
 
 
-@functools.cache
-def load() -> ctypes.CDLL:
-    """The compiled library, with its FFI handlers registered for the CPU platform.
+def build_library(name: str, what: str, sources: Sequence[pathlib.Path], targets: Iterable[str],
+                  extra: Sequence[str] = ()) -> ctypes.CDLL:
+    """Compile ``sources[0]`` (the others: headers it includes, hashed for the cache key) with ``flags()`` and
+    ``extra`` (more flags, libraries to link) into the cache, load it and register its FFI handlers ``targets``
+    for the CPU platform. ``what`` names the library in the log and in errors.
 
-    Raises NativeBuildError (with the compiler's message) when it cannot be built; the
-    failure is cached for the process.
+    Raises NativeBuildError (with the compiler's message) when it cannot be built or loaded.
     """
     cxx = compiler()
     key = hashlib.sha256()
-    for src in SOURCES:
+    for src in sources:
         key.update(src.read_bytes())
-    for part in (jaxlib.__version__, cxx, " ".join(flags())):
+    for part in (jaxlib.__version__, cxx, " ".join(flags()), " ".join(extra)):
         key.update(part.encode())
     key.update(_cpu_id())
-    lib_path = cache_dir() / f"snnjax_neuron_kernels_{key.hexdigest()[:16]}.so"
+    lib_path = cache_dir() / f"snnjax_{name}_{key.hexdigest()[:16]}.so"
     if not lib_path.exists():
-        _compile(cxx, lib_path)
+        _compile(cxx, what, sources[0], extra, lib_path)
     try:
         lib = ctypes.cdll.LoadLibrary(str(lib_path))
     except OSError as e:
         raise NativeBuildError(f"loading {lib_path} failed ({e}); delete it to rebuild") from e
-    for per_dtype in TARGETS.values():
-        for symbol in per_dtype.values():
-            jax.ffi.register_ffi_target(symbol, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    for symbol in targets:
+        jax.ffi.register_ffi_target(symbol, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+    """The compiled neuron kernels, with their FFI handlers registered for the CPU platform.
+
+    Raises NativeBuildError (with the compiler's message) when it cannot be built; the
+    failure is cached for the process.
+    """
+    return build_library("neuron_kernels", "native CPU neuron kernels", SOURCES,
+                         [symbol for per_dtype in TARGETS.values() for symbol in per_dtype.values()])
 
 
 def available() -> bool:
