@@ -115,7 +115,11 @@ class Ours:
 
             self.steps[impl] = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True), compiler_options=options)
             self.neuron_steps[impl] = jax.jit(neuron_grad)
-        self.linear_step = jax.jit(lambda p, x, ct: jax.vjp(apply_layer, p, x)[1](ct), compiler_options=options)
+        def linear_step(p, x, ct):  # the layer's forward and backward: its output is returned, so both dots run
+            out, pullback = jax.vjp(apply_layer, p, x)
+            return out, pullback(ct)
+
+        self.linear_step = jax.jit(linear_step, compiler_options=options)
         currents = jax.jit(apply_layer, compiler_options=options)(self.layer_params, self.x)
         self.currents = jax.block_until_ready(currents)
         self.cotangent = jax.block_until_ready(self.neuron_steps[impls[0]](self.currents))
