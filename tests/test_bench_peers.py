@@ -21,7 +21,7 @@ def test_peers_bench_without_peers_records_ours_and_why_not(tmp_path):
     out = tmp_path / "peers.jsonl"
     missing = str(tmp_path / "no-such-python")
     records = bench.main([*TINY, "--impls", "xla", "--torch-python", missing, "--spyx-python", missing,
-                          "--out", str(out)])
+                          "--default-allocator", "--out", str(out)])
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
     (rec,) = records
     assert (rec["bench"], rec["workload"], rec["B"], rec["T"], rec["N"]) == ("peers", "linear", 2, 4, 16)
@@ -36,6 +36,7 @@ def test_peers_bench_without_peers_records_ours_and_why_not(tmp_path):
         assert p["linear_ms"] + p["neuron_ms"] + p["rest_ms"] == pytest.approx(rec["results"][label]["median_ms"])
     assert rec["check"] is None and rec["device_kind"] and len(rec["load_avg_before"]) == 3
     assert rec["threads"]["schedulable_cores"] >= 1 and rec["timing"] == "interleaved"
+    assert rec["host_allocator"] == "default"
 
 
 @pytest.mark.parametrize("args, message", [(["--sizes", "2/4"], "B/T/N"), (["--impls", "cuda"], "--impls")])
@@ -51,6 +52,7 @@ def test_peers_bench_matches_spikingjelly():
     assert [r["workload"] for r in records] == ["linear", "conv"]
     for rec in records:
         assert "spikingjelly" in rec["results"] and rec["peers"]["spikingjelly"]["version"] == "2.0.0"
+        assert rec["host_allocator"] == "keep_freed_memory"
         checked = {name: c for name, c in rec["check"].items() if name.startswith("snnjax") or name in rec["peers"]}
         assert "snnjax" in checked
         for c in checked.values():

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from snnjax import layers
 from snnjax.layers import conv_cpu
+from snnjax.parallel.logical import activation_rules
 
 DN = ("NHWC", "HWIO", "NHWC")
 # (kernel, stride, padding): the models' case first, then other forms conv2d() accepts.
@@ -185,3 +186,28 @@ def test_cpu_compiler_options_keep_float32_convolutions_off_ynnpack():
     assert conv_cpu.compiler_options((x, w), "gpu") is None
     assert conv_cpu.compiler_options((x, jnp.float64), "cpu") is None
     assert conv_cpu.compiler_options({"w": jax.ShapeDtypeStruct((3,), jnp.float64)}, "cpu") is None
+
+
+def _linear_pair(dtype):
+    ours = layers.linear(6, 5, rngs=nnx.Rngs(0), param_dtype=dtype)
+    ref = nnx.Linear(6, 5, rngs=nnx.Rngs(0), param_dtype=dtype)
+    ref.kernel[...], ref.bias[...] = ours.kernel[...], ours.bias[...]
+    return ours, ref
+
+
+def test_linear_merges_leading_dims_equal_to_nnx_and_no_transposed_copy(x64):
+    ours, ref = _linear_pair(jnp.float64)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((3, 4, 6)))  # [T, N, F]
+    (y, gx, gp), (ry, rgx, rgp) = _layer_grads(ours, x), _layer_grads(ref, x)
+    _close((y, gx, gp["kernel"][...], gp["bias"][...]), (ry, rgx, rgp["kernel"][...], rgp["bias"][...]), 1e-13)
+    with activation_rules(jax.make_mesh((8,), ("data",)), {"batch": "data"}):
+        assert not layers.conv._merges_leading_dims(x)  # a split batch stays split: nnx's dot over [T, N, F]
+    assert layers.conv._merges_leading_dims(x) and not layers.conv._merges_leading_dims(x[0])
+
+    # float32 as the peers bench compiles it: the weight gradient reads the output gradient as it is (over [T, N, F]
+    # contracted as two axes XLA:CPU copies it to [out, T*N] first)
+    graph, params = nnx.split(layers.linear(64, 48, rngs=nnx.Rngs(0)))
+    xs = jax.ShapeDtypeStruct((5, 8, 64), jnp.float32)
+    step = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(nnx.merge(graph, p)(x)))),
+                   compiler_options=conv_cpu.compiler_options(xs, "cpu"))
+    assert "f32[48,40]" not in step.lower(params, xs).compile().as_text()

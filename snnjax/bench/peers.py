@@ -2,7 +2,7 @@
 
     python -m snnjax.bench.peers --sizes 16/500/1024 64/50/512 16/100/4096 [--workloads linear conv]
         [--impls xla native] [--peers spikingjelly snntorch norse spyx] [--torch-python PY] [--spyx-python PY]
-        [--threads N] [--reps 20] [--out FILE.jsonl]
+        [--threads N] [--reps 20] [--default-allocator] [--out FILE.jsonl]
 
 The workload (``workload.peer_problem``): ``Linear(N, N)`` (or, ``--workloads conv``, a 3x3 ``Conv2d(N, N)`` with
 padding 1 over ``--image-size`` square frames) followed by a LIF neuron over ``[T, B, ...]``; loss = the sum of the
@@ -14,7 +14,9 @@ Sides: snnjax (``snnjax.layers.linear`` / ``conv2d`` and ``snnjax.neurons.LIFNod
 processes of ``--torch-python`` (``peers_torch``), spyx in one of ``--spyx-python`` (``peers_spyx``), each written
 as its library's documentation writes it and kept alive for the whole run; every side's repetitions interleaved
 one by one (``snnjax.bench.peer``). A peer that cannot start, or fails at a size, is recorded unavailable with
-its reason. torch gets ``--threads`` threads (default: the cores XLA's CPU pool uses).
+its reason. torch gets ``--threads`` threads (default: the cores XLA's CPU pool uses). Every process first calls
+``snnjax.runtime.hostmem.keep_freed_memory()``, as ``train.py`` does, unless ``--default-allocator`` (the record's
+``host_allocator``): with glibc's defaults each step re-faults the pages of its large buffers.
 
 The neuron is SpikingJelly's ``LIFNode`` defaults (``workload.PEER_LIF``: tau 2, decay_input, hard reset to 0,
 threshold 1, Sigmoid(4), reset not detached), which snnjax, SpikingJelly and Norse compute. snnTorch's ``Leaky``
@@ -64,12 +66,13 @@ def parse_size(text: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def start_peers(names, args) -> tuple[dict, dict]:
+def start_peers(names, args, keep_freed: bool) -> tuple[dict, dict]:
     """``({library: Peer}, {library: error})``, the peers started but not yet waited for."""
     peers, errors = {}, {}
     for name in names:
         script, flag, _, _ = PEERS[name]
         extra = ["--library", name, "--threads", str(args.threads)] if script == "peers_torch.py" else []
+        extra += ["--keep-freed-memory"] if keep_freed else []
         try:
             peers[name] = start_script(getattr(args, flag), script, [*extra, "--warmup", str(args.warmup)],
                                        wait=False)
@@ -115,7 +118,11 @@ class Ours:
 
             self.steps[impl] = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True), compiler_options=options)
             self.neuron_steps[impl] = jax.jit(neuron_grad)
-        self.linear_step = jax.jit(lambda p, x, ct: jax.vjp(apply_layer, p, x)[1](ct), compiler_options=options)
+        def linear_step(p, x, ct):  # the layer's forward and backward: its output is returned, so both dots run
+            out, pullback = jax.vjp(apply_layer, p, x)
+            return out, pullback(ct)
+
+        self.linear_step = jax.jit(linear_step, compiler_options=options)
         currents = jax.jit(apply_layer, compiler_options=options)(self.layer_params, self.x)
         self.currents = jax.block_until_ready(currents)
         self.cotangent = jax.block_until_ready(self.neuron_steps[impls[0]](self.currents))
@@ -161,7 +168,8 @@ def load(path: str) -> dict:
         return {k: z[k] for k in z.files}
 
 
-def run_size(workload: str, size, args, peers: dict, unavailable: dict, impls, device, tmp: str) -> dict:
+def run_size(workload: str, size, args, peers: dict, unavailable: dict, impls, device, tmp: str,
+             host_allocator: str) -> dict:
     """Set up every side at one workload and size, check, time interleaved; return the record."""
     import jax
 
@@ -223,7 +231,7 @@ def run_size(workload: str, size, args, peers: dict, unavailable: dict, impls, d
         "dtype": "float32", "neuron": PEER_LIF, "device_kind": device.device_kind, "platform": device.platform,
         "jax_version": jax.__version__, "commit": git_commit(), "threads": thread_info(),
         "load_avg_before": list(load_before), "load_avg_after": list(os.getloadavg()), "reps": args.reps,
-        "warmup": args.warmup, "timing": "interleaved", "results": results,
+        "warmup": args.warmup, "timing": "interleaved", "host_allocator": host_allocator, "results": results,
         "ratio_over_snnjax": {k: v["median_ms"] / ours_ms for k, v in results.items() if k != "snnjax"},
         "parts": parts, "check": checks or None,
         "peers": {name: {**peers[name].ready, "neuron": PEERS[name][2]} for name in live},
@@ -265,6 +273,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-check", action="store_true", help="skip the correctness check against SpikingJelly")
+    p.add_argument("--default-allocator", action="store_true",
+                   help="leave glibc's malloc alone (default: snnjax.runtime.hostmem.keep_freed_memory, as train.py "
+                        "does, in this process and every peer's)")
     p.add_argument("--out", help="append one JSON line per workload and size to this file")
     args = p.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes]
@@ -275,7 +286,10 @@ def main(argv=None) -> list[dict]:
         raise SystemExit(f"--impls takes {', '.join(IMPLS)}; got {bad}")
     impls = ["auto", *dict.fromkeys(i for i in args.impls if i != "auto")]
 
-    peers, unavailable = start_peers(args.peers, args)  # they start while ours compiles
+    from snnjax.runtime import hostmem
+
+    keep_freed = not args.default_allocator and hostmem.keep_freed_memory()  # before XLA starts its threads
+    peers, unavailable = start_peers(args.peers, args, keep_freed)  # they start while ours compiles
     import jax
 
     device = jax.devices()[0]
@@ -284,7 +298,8 @@ def main(argv=None) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="snnjax-peers-") as tmp:
             for workload in args.workloads:
                 for size in sizes:
-                    rec = run_size(workload, size, args, peers, unavailable, impls, device, tmp)
+                    rec = run_size(workload, size, args, peers, unavailable, impls, device, tmp,
+                                   "keep_freed_memory" if keep_freed else "default")
                     print_record(rec)
                     append_jsonl(args.out, rec)
                     records.append(rec)

@@ -30,7 +30,10 @@ else:  # run as a script: its folder is sys.path[0], and the snnjax package stay
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--keep-freed-memory", action="store_true", help="snnjax.runtime.hostmem.keep_freed_memory() first")
     args = p.parse_args(argv)
+    if args.keep_freed_memory:
+        peer.keep_freed_memory()
 
     import jax
     import jax.numpy as jnp

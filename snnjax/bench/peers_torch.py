@@ -118,7 +118,10 @@ def main(argv=None) -> None:
     p.add_argument("--library", required=True, choices=list(LIBRARIES))
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--keep-freed-memory", action="store_true", help="snnjax.runtime.hostmem.keep_freed_memory() first")
     args = p.parse_args(argv)
+    if args.keep_freed_memory:
+        peer.keep_freed_memory()
 
     import torch
 

@@ -12,6 +12,10 @@ Under a parallel plan that splits the batch (or the time steps) over devices,
 activations over that axis (and every device would then convolve them all).
 The result is the same (each example is convolved on its own).
 
+``Linear`` merges the leading axes itself (``[T, N, F]`` -> ``[T*N, F]``) when no activation axis is split: the
+weight gradient is then one matmul over the merged rows, where over ``(T, N)`` as two contracted axes XLA:CPU
+first copies the output gradient into a transposed layout (a pass over ``[T, N, out]`` in every step).
+
 On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
 backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
 ``lax.scan``); on other backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
@@ -31,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from snnjax.layers import conv_cpu
-from snnjax.parallel.logical import annotate, annotate_layer, shards
+from snnjax.parallel.logical import ACTIVATION_AXES, annotate, annotate_layer, shards
 
 Axes = Sequence[str | None] | None
 _INPUT_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("snnjax_layer_input_observer", default=None)
@@ -57,11 +61,24 @@ def _report_input(layer: nnx.Module, inputs: jax.Array) -> None:
 
 
 class Linear(nnx.Linear):
-    """``nnx.Linear`` whose calls ``observe_inputs`` sees."""
+    """``nnx.Linear`` whose calls ``observe_inputs`` sees; ``[..., in] -> [..., out]`` as one ``[rows, in]`` matmul
+    where no device split stands in the way (``_merges_leading_dims``)."""
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         _report_input(self, inputs)
-        return super().__call__(inputs)
+        if not _merges_leading_dims(inputs):
+            return self._project(inputs)
+        y = self._project(inputs.reshape(-1, inputs.shape[-1]))
+        return y.reshape(*inputs.shape[:-1], y.shape[-1])
+
+    def _project(self, inputs: jax.Array) -> jax.Array:
+        return nnx.Linear.__call__(self, inputs)
+
+
+def _merges_leading_dims(inputs: jax.Array) -> bool:
+    """Whether ``Linear`` merges the leading dims of ``inputs`` into one before its matmul: they are more than one
+    and the active layout splits no activation axis (a merge with a split axis minor would gather it)."""
+    return inputs.ndim > 2 and all(shards(name) == 1 for name in ACTIVATION_AXES)
 
 
 class Conv2d(nnx.Conv):
@@ -137,8 +154,7 @@ class WSLinear(_WeightStandardized, Linear):
     """``Linear`` (kernel ``[in, out]``) weight-standardised per output unit, times a learned ``gain`` ``[out]``
     (SpikingJelly's ``layer.WSLinear``)."""
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        _report_input(self, x)
+    def _project(self, x: jax.Array) -> jax.Array:
         w = self.standardized_kernel()
         dtype = self.dtype or jnp.result_type(x, w)
         y = x.astype(dtype) @ w.astype(dtype)

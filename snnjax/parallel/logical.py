@@ -54,6 +54,7 @@ from snnjax.parallel.rules import logical_spec
 
 LOGICAL_AXES = ("batch", "time", "embed", "mlp", "heads", "head_dim", "qkv", "window", "classes", "length",
                 "height")
+ACTIVATION_AXES = ("batch", "time", "length", "height")  # the names that mark activations only
 METADATA_KEY = "logical_axes"
 
 Names = tuple  # tuple[str | None, ...]
