@@ -186,11 +186,14 @@ def train_in_process(workdir, *overrides, config="digits") -> subprocess.Complet
 # One config per model family trains through train.py (its flag parsing and main, in this process; its programs
 # compiled with conftest's quick_compiles: the runs check what train.py does, not XLA's optimised code); the other
 # configs of its family (same model code, another dataset or recipe) are built in this process, without
-# compiling (the suite's time).
+# compiling (the suite's time). They train on one device (parallel.mode=none: a third less CPU time than dp over
+# the 8 devices); the families' layouts are checked by test_zoo_layouts, test_zoo_transformers_layouts, test_zoo_vgg
+# and test_parallel_equivalence, train.py's batch split over data by the digits runs.
 TRAINED = ("digits", "ncaltech101_vgg", "spikformer_ti", "imagenet_sew_resnet18", "dvsgesture_plif",
            "cifar10dvs_sdt", "imagenet_qkformer", "cifar10_ms_resnet18", "cifar10_spiking_vgg11_bn")
 SMALL = ["--config.num_steps=2", "--config.eval_every_steps=2", "--config.global_batch_size=8",
-         "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16"]
+         "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16",
+         "--config.parallel.mode=none"]
 
 
 def test_each_model_family_has_a_trained_config():
