@@ -257,7 +257,7 @@ def test_data_settings_of_another_dataset_are_ignored_with_notes():
 
 
 def test_an_unset_data_dir_reaches_a_dataset_that_needs_one(tmp_path):
-    result = run_train(tmp_path, "--config.data.name=nmnist", "--config.data.data_dir=", config="cifar10dvs_vgg")
+    result = train_in_process(tmp_path, "--config.data.name=nmnist", "--config.data.data_dir=", config="cifar10dvs_vgg")
     assert result.returncode == 1 and "nmnist needs data_dir" in result.stderr, result.stderr[-1500:]
 
 
@@ -364,7 +364,8 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
 
 
 def test_unknown_override_key_is_rejected(tmp_path):
-    result = run_train(tmp_path, "--config.learnng_rate=0.1")
+    """In this process (train.py's main); as a process of its own: the test below."""
+    result = train_in_process(tmp_path, "--config.learnng_rate=0.1")
     assert result.returncode == 2 and "learnng_rate" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -407,7 +408,8 @@ def test_model_config_validation_names_allowed_options():
 
 
 def test_missing_data_directory(tmp_path):
-    result = run_train(tmp_path / "run", "--config.data.name=nmnist", f"--config.data.data_dir={tmp_path}/nowhere")
+    result = train_in_process(tmp_path / "run", "--config.data.name=nmnist",
+                              f"--config.data.data_dir={tmp_path}/nowhere")
     assert result.returncode == 1
     assert "nowhere" in result.stderr and "error:" in result.stderr
 
