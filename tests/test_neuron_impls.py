@@ -193,11 +193,9 @@ SPLIT = {
 
 # Native: every config in both dtypes. Pallas (interpreted, each case its own compile): each config once, each dtype
 # on three of them; SNNJAX_ALL_CASES=1: every pair.
-LOW_PRECISION_CASES = [("native", name, dtype) for name in sorted(CONFIGS) for dtype in ("float32", "bfloat16")]
-LOW_PRECISION_CASES += suite_cases([("pallas", name, dtype) for name in sorted(CONFIGS) for dtype in ("float32",
-                                                                                                     "bfloat16")],
-                                   [("pallas", name, dtype) for name, dtype in zip(
-                                       sorted(CONFIGS), ("float32", "bfloat16") * 3, strict=True)])
+_PAIRS = [(name, dtype) for name in sorted(CONFIGS) for dtype in ("float32", "bfloat16")]
+_PALLAS_PAIRS = suite_cases(_PAIRS, list(zip(sorted(CONFIGS), ("float32", "bfloat16") * 3, strict=True)))
+LOW_PRECISION_CASES = [("native", *pair) for pair in _PAIRS] + [("pallas", *pair) for pair in _PALLAS_PAIRS]
 
 
 @pytest.mark.parametrize("impl,name,dtype", LOW_PRECISION_CASES)
