@@ -74,11 +74,15 @@ def _case_id(i: int, case: dict) -> str:
     return "-".join(parts)
 
 
-# The modules that take longest on the 2-core CI machine (``--durations``), longest first: collected first, so that
-# ``--dist loadscope`` hands them out before the short ones and the two workers finish together.
-SLOW_MODULES = ("test_pipeline.py", "test_elastic.py", "test_zoo_layouts.py", "test_zoo.py", "test_remat.py",
-                "test_launch.py", "test_zoo_transformers_layouts.py", "test_zoo_transformers.py",
-                "test_parallel_equivalence.py", "test_weight_split.py", "test_zoo_vgg.py", "test_neurons_sharded.py")
+# The modules that take longest (single-process CPU time with their child processes, ``/usr/bin/time``), longest
+# first: collected first, and so handed out first by ``--dist loadscope --no-loadscope-reorder`` (pyproject.toml), so
+# that the short modules fill the end of the run and the two workers finish together.
+SLOW_MODULES = ("test_elastic.py", "test_neuron_impls.py", "test_pipeline.py", "test_train.py",
+                "test_zoo_transformers_layouts.py", "test_zoo.py", "test_zoo_calls.py", "test_parallel_equivalence.py",
+                "test_zoo_transformers.py", "test_launch.py", "test_faults.py", "test_zoo_layouts.py",
+                "test_temporal_equivalence.py", "test_remat.py", "test_interop.py", "test_zoo_vgg.py",
+                "test_weight_split.py", "test_docs.py", "test_notebooks.py", "test_temporal_plan.py",
+                "test_neurons_sharded.py", "test_examples.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,9 @@ mesh, SLURM preemption.
 
 Every job is the digits MLP in float64 on 2 processes x 4 CPU devices (FSDP across the processes, tensor
 parallelism inside each) unless said otherwise; ``reference`` is the uninterrupted job: the interrupted ones must
-reproduce it bitwise, 1 process x 8 devices and the other layouts to rounding.
+reproduce it bitwise, 1 process x 8 devices and the other layouts to rounding. Every process compiles without XLA's
+expensive optimisations (``conftest.quick_compiles``, in this process too): what is compared is what the layouts,
+restarts and checkpoints do, not XLA's optimised code.
 """
 import json
 import os
@@ -22,6 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import QUICK_COMPILES_ENV
 from helpers import ROOT, child_env, launch_cmd
 
 from snnjax.runtime import launch
@@ -48,6 +51,13 @@ def train_args(**changes) -> list:
 TRAIN = train_args()
 QUIET = train_args(log_every_steps=100000)  # no logging step for the processes to agree at
 TWO = ["--nproc", 2, "--devices-per-proc", 4]
+
+pytestmark = pytest.mark.usefixtures("quick_compiles_module")
+
+
+def job_env(**extra) -> dict[str, str]:
+    """``child_env`` of a job's process, compiling as this process does (``QUICK_COMPILES_ENV``)."""
+    return child_env(**QUICK_COMPILES_ENV, **extra)
 
 
 def arrays(workdir: pathlib.Path, step: int | None = None) -> dict[str, np.ndarray]:
@@ -88,7 +98,7 @@ def start(tmp_path, name: str, *launcher_args, train=TRAIN, script=ROOT / "train
     """The launcher on ``train.py`` in workdir ``tmp_path/name``; its output goes to ``tmp_path/name.out``."""
     out = open(tmp_path / f"{name}.out", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(launch_cmd(*launcher_args, script, *train, "--workdir", tmp_path / name),
-                            env=child_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+                            env=job_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen, tmp_path, name: str, timeout: float = 300) -> tuple[int, str]:
@@ -306,7 +316,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path, x64):
     (tmp_path / "alone" / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "run" / "checkpoints" / str(resumed), tmp_path / "alone" / "checkpoints" / str(resumed))
     alone = subprocess.run([sys.executable, *train, "--config.resume=True", "--workdir", tmp_path / "alone"],
-                           env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"), cwd=ROOT,
+                           env=job_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"), cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
 
@@ -319,7 +329,7 @@ def test_a_lost_process_shrinks_the_job_along_the_elastic_axis(tmp_path, x64):
 
 def slurm_env(tasks: int, task: int, port: int, **extra) -> dict[str, str]:
     """What srun sets for task ``task`` of ``tasks`` on this machine (by hand: no SLURM here)."""
-    return child_env(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
+    return job_env(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
                      SLURM_PROCID=str(task), SLURM_LOCALID=str(task), JAX_COORDINATOR_PORT=str(port),
                      XLA_FLAGS="--xla_force_host_platform_device_count=4", **extra)
 

@@ -1,8 +1,9 @@
 """Every multi-step neuron implementation by name: ``xla``, ``pallas`` (interpret mode on the CPU), ``native``.
 
 - SpikingJelly 2.0.0 golden data (``tests/fixtures/spikingjelly/neurons.*``, float64): every case
-  through every implementation; spikes exactly, ``v_seq``, ``grad_x`` and PLIF's ``grad_w`` to
-  1e-10 normwise relative error.
+  through xla and native, the cases that hold every pair of option values through the interpreted
+  Pallas kernels (of the Rect cases, one per neuron kind); spikes exactly, ``v_seq``, ``grad_x`` and
+  PLIF's ``grad_w`` to 1e-10 normwise relative error.
 - Hypothesis, each implementation against the path it replaces (``xla`` against plain autodiff
   ``multistep_reference``, the kernels against ``xla``): random neuron configurations (IF / LIF /
   PLIF, tau, decay_input, threshold, hard or soft reset, detach_reset, every surrogate the implementation
@@ -15,9 +16,11 @@
   kernels; native's ``w``, a sum over every neuron-step: 1e-4).
 - The kernels with float32 / bfloat16 inputs (float32 state) on a problem that crosses their work
   units (Pallas: two blocks, the second partial, and three time chunks; native: two work chunks
-  and a partial third): spikes and V equal the XLA path's, gradients to float32 / bfloat16 rounding.
+  and a partial third): spikes and V equal the XLA path's, gradients to float32 / bfloat16 rounding
+  (Pallas: each configuration in one of the dtypes).
 - No ``v_init`` and a loss on the spikes alone (V's cotangent a symbolic zero), T across chunks.
 - The NNX modules pass ``impl`` through: the chosen implementation runs, once.
+``SNNJAX_ALL_CASES=1``: every Pallas case too, and 30 hypothesis examples per implementation (the suite: 12).
 Backend-only cases (native build and chunking, Pallas GPU lowering and options) are in
 ``test_native.py`` and ``test_pallas.py``.
 """
@@ -33,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import ALL_CASES
+from helpers import ALL_CASES, suite_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from neuron_checks import (
@@ -97,14 +100,19 @@ def test_pallas_kernel_matches_spikingjelly(index, neuron_reference, x64):
     _assert_reproduces("pallas", cases[index], check.case_arrays(arrays, f"case{index:03d}/"))
 
 
+# Pallas (interpreted) on the Rect cases of each neuron kind: MS-ResNet's LIF (hard reset, detached, alpha 2), IF
+# (soft reset, alpha 1), PLIF (hard reset, alpha 0.5); SNNJAX_ALL_CASES=1: all six.
+RECT_PALLAS_CASES = suite_cases(range(6), (0, 2, 4))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rect_matches_spikingjelly(impl, reference_dir, x64):
     """SpikingJelly's Rect surrogate (``neurons_rect.*``): MS-ResNet's LIF and variations, with inputs on the
     window's edges, where the surrogate gradient is 0 (``|x| < 0.5 / alpha`` is strict)."""
     cases, arrays = check.load(reference_dir / "neurons_rect.npz")
     assert len(cases) == 6 and all(c["surrogate"].startswith("rect") for c in cases)
-    for i, case in enumerate(cases):
-        _assert_reproduces(impl, case, check.case_arrays(arrays, f"case{i:03d}/"))
+    for i in RECT_PALLAS_CASES if impl == "pallas" else range(len(cases)):
+        _assert_reproduces(impl, cases[i], check.case_arrays(arrays, f"case{i:03d}/"))
 
 
 def _assert_reproduces(impl: str, case: dict, a: dict) -> None:
@@ -183,11 +191,16 @@ SPLIT = {
 }
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("impl", KERNELS)
+# Native: every config in both dtypes. Pallas (interpreted, each case its own compile): each config once, each dtype
+# on three of them; SNNJAX_ALL_CASES=1: every pair.
+_PAIRS = [(name, dtype) for name in sorted(CONFIGS) for dtype in ("float32", "bfloat16")]
+_PALLAS_PAIRS = suite_cases(_PAIRS, list(zip(sorted(CONFIGS), ("float32", "bfloat16") * 3, strict=True)))
+LOW_PRECISION_CASES = [("native", *pair) for pair in _PAIRS] + [("pallas", *pair) for pair in _PALLAS_PAIRS]
+
+
+@pytest.mark.parametrize("impl,name,dtype", LOW_PRECISION_CASES)
 def test_float32_and_bfloat16_inputs(impl, name, dtype):
-    cfg = CONFIGS[name]
+    cfg, dtype = CONFIGS[name], jnp.dtype(dtype)
     shape, options = SPLIT[impl]
     args = (cfg, True, *low_precision_problem(cfg, shape, dtype, return_v_seq=True))
     got, want = run_vjp(_multistep(impl, options), *args), run_vjp("xla", *args)
@@ -199,9 +212,10 @@ def test_float32_and_bfloat16_inputs(impl, name, dtype):
                     dw=1e-4 if impl == "native" else 1e-5)
 
 
-# Pallas's time chunks of K = 8: one partial, one, two, three chunks; the others have no time chunks (T = 3, 20).
-@pytest.mark.parametrize("impl,T", [(impl, T) for impl in IMPLS for T in (3, 8, 16, 20)
-                                    if impl == "pallas" or T in (3, 20)],
+# Pallas's time chunks of K = 4 (each chunk's steps unrolled: a short K compiles quickly): one partial, one, two,
+# three chunks (the last partial); the others have no time chunks (T = 3, 10).
+@pytest.mark.parametrize("impl,T", [(impl, T) for impl in IMPLS for T in (3, 4, 8, 10)
+                                    if impl == "pallas" or T in (3, 10)],
                          ids=lambda v: f"T{v}" if isinstance(v, int) else v)
 @pytest.mark.parametrize("return_v_seq", [False, True], ids=["v_last", "v_seq"])
 def test_default_state_and_unused_v(impl, T, return_v_seq):
@@ -210,7 +224,7 @@ def test_default_state_and_unused_v(impl, T, return_v_seq):
     rng = np.random.default_rng(T)
     x = jnp.asarray(rng.normal(0.6, 0.8, (T, 5, 37)), jnp.float32)
     w, ct = jnp.asarray(0.2, jnp.float32), jnp.asarray(rng.normal(size=x.shape), jnp.float32)
-    options = P.KernelOptions(interpret=True, block_m=64, block_m_backward=64, time_chunk=8)
+    options = P.KernelOptions(interpret=True, block_m=64, block_m_backward=64, time_chunk=4)
 
     def grads(impl):
         multistep = _multistep(impl, options if impl == "pallas" else None)

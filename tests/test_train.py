@@ -186,11 +186,14 @@ def train_in_process(workdir, *overrides, config="digits") -> subprocess.Complet
 # One config per model family trains through train.py (its flag parsing and main, in this process; its programs
 # compiled with conftest's quick_compiles: the runs check what train.py does, not XLA's optimised code); the other
 # configs of its family (same model code, another dataset or recipe) are built in this process, without
-# compiling (the suite's time).
+# compiling (the suite's time). They train on one device (parallel.mode=none: a third less CPU time than dp over
+# the 8 devices); the families' layouts are checked by test_zoo_layouts, test_zoo_transformers_layouts, test_zoo_vgg
+# and test_parallel_equivalence, train.py's batch split over data by the digits runs.
 TRAINED = ("digits", "ncaltech101_vgg", "spikformer_ti", "imagenet_sew_resnet18", "dvsgesture_plif",
            "cifar10dvs_sdt", "imagenet_qkformer", "cifar10_ms_resnet18", "cifar10_spiking_vgg11_bn")
 SMALL = ["--config.num_steps=2", "--config.eval_every_steps=2", "--config.global_batch_size=8",
-         "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16"]
+         "--config.data.time_steps=2", "--config.data.options.num_examples=12", "--config.data.options.size=16",
+         "--config.parallel.mode=none"]
 
 
 def test_each_model_family_has_a_trained_config():
@@ -254,7 +257,7 @@ def test_data_settings_of_another_dataset_are_ignored_with_notes():
 
 
 def test_an_unset_data_dir_reaches_a_dataset_that_needs_one(tmp_path):
-    result = run_train(tmp_path, "--config.data.name=nmnist", "--config.data.data_dir=", config="cifar10dvs_vgg")
+    result = train_in_process(tmp_path, "--config.data.name=nmnist", "--config.data.data_dir=", config="cifar10dvs_vgg")
     assert result.returncode == 1 and "nmnist needs data_dir" in result.stderr, result.stderr[-1500:]
 
 
@@ -361,7 +364,8 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, override, message):
 
 
 def test_unknown_override_key_is_rejected(tmp_path):
-    result = run_train(tmp_path, "--config.learnng_rate=0.1")
+    """In this process (train.py's main); as a process of its own: the test below."""
+    result = train_in_process(tmp_path, "--config.learnng_rate=0.1")
     assert result.returncode == 2 and "learnng_rate" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -404,7 +408,8 @@ def test_model_config_validation_names_allowed_options():
 
 
 def test_missing_data_directory(tmp_path):
-    result = run_train(tmp_path / "run", "--config.data.name=nmnist", f"--config.data.data_dir={tmp_path}/nowhere")
+    result = train_in_process(tmp_path / "run", "--config.data.name=nmnist",
+                              f"--config.data.data_dir={tmp_path}/nowhere")
     assert result.returncode == 1
     assert "nowhere" in result.stderr and "error:" in result.stderr
 

@@ -84,8 +84,9 @@ def test_ms_resnet_neurons_resolve_as_spikingjelly():
     assert c.spiking_neuron is None and c.tau is None and c.layers == (2, 2, 2, 2) and c.v_reset == 0.0
     c.spiking_neuron, c.surrogate_function = "IF", "rect"  # typed placeholders: settable from the command line
     options = {k: v for k, v in c.items() if k != "name" and v is not None}  # as the trainer passes them
-    model = create_model("ms_resnet18", {**options, "in_channels": 2, "num_classes": 3, "T": 2,
-                                         "layers": (1, 1, 1), "base_channels": 4}, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: create_model("ms_resnet18", {**options, "in_channels": 2, "num_classes": 3, "T": 2,
+                                                                "layers": (1, 1, 1), "base_channels": 4},
+                                                rngs=nnx.Rngs(0)))
     assert model.head_lif.config == F.NeuronConfig(kind="IF", surrogate=sg.Rect())
     with pytest.raises(ValueError, match="model.layers"):
         MSResNet(layers=(1, 1), rngs=nnx.Rngs(0))
