@@ -65,7 +65,8 @@ def load_onednn():
     from snnjax.neurons.kernels.native import build
 
     include, lib = onednn_dirs()
-    return build.build_library("onednn_conv", "oneDNN convolution of the benchmark", [ONEDNN_SOURCE],
+    sources = [ONEDNN_SOURCE, build.HERE / "parallel_chunks.h"]
+    return build.build_library("onednn_conv", "oneDNN convolution of the benchmark", sources,
                                ["SnnOnednnConvF32"],
                                ["-fopenmp", f"-I{include}", f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}"])
 

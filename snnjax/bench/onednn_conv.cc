@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "../neurons/kernels/native/parallel_chunks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -144,30 +145,14 @@ void RunSlice(const Plan& p, int64_t mode, const Geometry& g, const float* data,
   stream.wait();
 }
 
-// fn(task) for task in [0, tasks) on the calling thread and up to pool.num_threads() - 1 pool tasks.
+// fn(task) for task in [0, tasks) on XLA's intra-op pool, each task's oneDNN primitives run serially
+// (this thread's OpenMP setting only).
 template <typename Fn>
 void Parallel(ffi::ThreadPool& pool, int64_t tasks, Fn fn) {
-  struct State {
-    std::atomic<int64_t> next{0};
-    int64_t done = 0;
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto state = std::make_shared<State>();
-  auto work = [state, tasks, fn]() {
-    omp_set_num_threads(1);  // this thread's OpenMP setting only: its primitives run serially
-    int64_t mine = 0;
-    for (int64_t c; (c = state->next.fetch_add(1)) < tasks; ++mine) fn(c);
-    if (mine == 0) return;
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->done += mine;
-    if (state->done == tasks) state->cv.notify_all();
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), tasks) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(work)(work));
-  work();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->cv.wait(lock, [&] { return state->done == tasks; });
+  ParallelChunks<char>(pool, tasks, 0, [fn](int64_t task, char*) {
+    omp_set_num_threads(1);
+    fn(task);
+  });
 }
 
 ffi::Error Conv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,

@@ -27,7 +27,7 @@ import jax
 import jaxlib
 
 HERE = pathlib.Path(__file__).parent
-SOURCES = (HERE / "neuron_ffi.cc", HERE / "neuron_kernels.h")
+SOURCES = (HERE / "neuron_ffi.cc", HERE / "neuron_kernels.h", HERE / "parallel_chunks.h")
 TARGETS = {
     "forward": {"float32": "SnnNeuronForwardF32", "float64": "SnnNeuronForwardF64"},
     "backward": {"float32": "SnnNeuronBackwardF32", "float64": "SnnNeuronBackwardF64"},
