@@ -76,7 +76,8 @@ KERNELS = "snnjax.neurons.kernels"
 
 @pytest.mark.parametrize("package", [f"{KERNELS}.pallas", f"{KERNELS}.native", f"{KERNELS}.xla"])
 def test_implementations_import_only_the_neuron_equations(package):
-    allowed = {"snnjax", "snnjax.neurons", "snnjax.neurons.base", "snnjax.neurons.surrogate", KERNELS}
+    allowed = {"snnjax", "snnjax.neurons", "snnjax.neurons.base", "snnjax.neurons.surrogate", KERNELS, "snnjax.cpp",
+               "snnjax.cpp.build"}  # the last two: the shared C++ build
     assert imported_by(package) <= allowed
 
 

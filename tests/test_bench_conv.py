@@ -29,12 +29,12 @@ def test_without_onednn_the_record_says_why_and_times_xla(monkeypatch, tmp_path)
         bench.onednn_dirs(str(tmp_path))
     find, convs = bench.onednn_dirs, bench.model_convs
     monkeypatch.setattr(bench, "onednn_dirs", lambda prefix=None: find(str(tmp_path)))  # an empty prefix
-    monkeypatch.setattr(bench, "model_convs", functools.partial(convs, widths=(4,) * 8))
+    monkeypatch.setattr(bench, "model_convs", functools.partial(convs, widths=(8,) * 8))
     bench.load_onednn.cache_clear()
     out = tmp_path / "conv.jsonl"
     try:
         bench.main(["--image-size", "16", "--batch-size", "1", "--T", "1", "--reps", "1", "--warmup", "0",
-                    "--impls", "xla", "onednn", "--out", str(out)])
+                    "--impls", "xla", "sparse", "onednn", "--density", "0.2", "--out", str(out)])
     finally:
         bench.load_onednn.cache_clear()
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
@@ -42,6 +42,8 @@ def test_without_onednn_the_record_says_why_and_times_xla(monkeypatch, tmp_path)
     assert rec["model"] == "cifar10dvs_vgg" and rec["xla_total_cpu_ms"] > 0 and rec["xla_threads"] >= 1
     assert len(rec["convs"]) == 5 and all(set(c["xla"]) == set(bench.PARTS) for c in rec["convs"])
     assert sum(c["calls"] for c in rec["convs"]) == 8
+    assert rec["density"] == 0.2 and rec["sparse_total_cpu_ms"] > 0  # the sparse kernels against xla's, on spikes
+    assert all(c["max_rel_err"]["sparse"] < 1e-5 for c in rec["convs"])
 
 
 def _onednn_or_skip():

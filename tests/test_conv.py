@@ -16,8 +16,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from snnjax import layers
-from snnjax.layers import conv_cpu
+from snnjax import layers, parallel
+from snnjax.layers import conv_cpu, sparse_conv
+from snnjax.models import CIFAR10DVSVGG
 from snnjax.parallel.logical import activation_rules
 
 DN = ("NHWC", "HWIO", "NHWC")
@@ -163,6 +164,107 @@ def test_data_parallel_sharding_matches_one_device(x64):
     out = f(xs, ws)
     assert out[0].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 4)  # the batch stayed split
     _close(out, ref, 1e-13)
+
+
+def _spikes(shape, density, dtype, seed=0, values=(1.0,)):
+    """``shape`` with ``density`` of its entries nonzero, each one of ``values``."""
+    rng = np.random.default_rng(seed)
+    x = (rng.random(shape) < density) * rng.choice(np.asarray(values), shape)
+    return jnp.asarray(x, dtype)
+
+
+# (input size, C_in, C_out, kernel, stride, padding): the models' 3x3 case first; every output block width
+# (64, 32, 16, 8 channels), strides, uneven padding, a 1 x 1 kernel.
+SPARSE = [((7, 9), 5, 64, 3, 1, ((1, 1), (1, 1))), ((6, 6), 3, 32, 3, 2, ((1, 1), (1, 1))),
+          ((5, 7), 4, 16, 3, 1, ((0, 1), (2, 0))), ((8, 5), 6, 8, 1, 1, ((0, 0), (0, 0))),
+          ((9, 9), 2, 24, 5, 2, ((2, 1), (1, 2))), ((6, 7), 3, 40, 4, 3, ((1, 2), (0, 1)))]
+
+
+@pytest.mark.parametrize("size, cin, cout, k, stride, padding", SPARSE)
+def test_sparse_kernels_match_lax(x64, size, cin, cout, k, stride, padding):
+    """``sparse_conv``'s forward and kernel gradient against lax's, float64 (to 1e-13) and float32 (1e-6 of the
+    largest value), on spikes, on counts and signed values (a SEW ``ADD``, anything the op may meet)."""
+    strides = (stride, stride)
+    for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 1e-6)):
+        for values in ((1.0,), (1.0, 2.0, -0.5)):
+            x = _spikes((3, *size, cin), 0.2, dtype, values=values)
+            w = _inputs(dtype, cin=cin, cout=cout, k=k)[1]
+            y, pull = jax.vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN),
+                              x, w)
+            g = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape), dtype)
+            ours = (sparse_conv.forward(x, w, y.shape[1:3], strides, padding),
+                    sparse_conv.weight_grad(x, g, w.shape, strides, padding))
+            _close(ours, (y, pull(g)[1]), tol)
+
+
+def _sparse_calls(f, *args) -> int:
+    """How many of ``sparse_conv``'s FFI calls ``f`` traces to (inside its ``cond`` branches); traced afresh (a
+    new function each time: the layout contexts are not part of the trace cache's key)."""
+    return str(jax.make_jaxpr(lambda *a: f(*a))(*args)).count("SnnSparseConv")
+
+
+def test_op_takes_sparse_kernels_by_density_on_one_device():
+    """``conv_general_dilated`` on one device runs the sparse kernels where at most ``MAX_DENSITY`` of the input is
+    nonzero and XLA's convolution elsewhere, decided per call: each branch's float32 result is bitwise the one of
+    the path it names (their sums run in different orders), and both equal lax's."""
+    w = _inputs(jnp.float32, cin=32, cout=32)[1]
+    op = lambda impl: lambda a, b: impl(a, b, (1, 1), ((1, 1), (1, 1)), dimension_numbers=DN)  # noqa: E731
+    grads = jax.jit(lambda x, w: _vjp(op(conv_cpu.conv_general_dilated), x, w))
+    assert _sparse_calls(grads, _spikes((2, 6, 6, 32), 0.1, jnp.float32), w) == 2  # forward, kernel gradient
+    for density, sparse in ((0.1, True), (0.2, True), (0.6, False)):
+        x = _spikes((2, 6, 6, 32), density, jnp.float32)
+        y, dx, dw = grads(x, w)
+        g = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape), jnp.float32)
+        if sparse:
+            expect = (sparse_conv.forward(x, w, (6, 6), (1, 1), ((1, 1),) * 2),
+                      sparse_conv.weight_grad(x, g, w.shape, (1, 1), ((1, 1),) * 2))
+        else:
+            expect = (conv_cpu._forward(x, w, (1, 1), ((1, 1),) * 2, None, None),
+                      conv_cpu.weight_grad(x, g, w.shape, (1, 1), ((1, 1),) * 2))
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(expect[0]))
+        np.testing.assert_array_equal(np.asarray(dw), np.asarray(expect[1]))
+        _close((y, dx, dw), _vjp(op(lax.conv_general_dilated), x, w), 1e-6)
+
+
+def test_sparse_kernels_only_where_they_apply(x64):
+    """No sparse call under a split layout (the FFI call has no partitioning rule), for bfloat16, for fewer than
+    ``MIN_IN_CHANNELS`` input or output channels not a multiple of 8, for an output smaller than the kernel, or
+    within ``sparse_inputs(False)``; ``vmap`` runs them per example."""
+    f = lambda x, w: conv_cpu.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=DN)  # noqa
+    x, w = _spikes((8, 6, 6, 32), 0.1, jnp.float32), _inputs(jnp.float32, cin=32, cout=8)[1]
+    assert _sparse_calls(f, x, w) == 1
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with activation_rules(mesh, {"batch": "data"}):
+        assert _sparse_calls(f, x, w) == 0
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        assert _sparse_calls(f, x, w) == 0
+    assert _sparse_calls(f, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)) == 0
+    assert _sparse_calls(f, x, _inputs(jnp.float32, cin=32, cout=6)[1]) == 0
+    assert _sparse_calls(f, x[..., :16], _inputs(jnp.float32, cin=16, cout=8)[1]) == 0
+    with conv_cpu.sparse_inputs(False):
+        assert _sparse_calls(f, x, w) == 0
+    assert _sparse_calls(f, x[:, :2, :2], w) == 0  # 2 x 2 output under a 3 x 3 kernel: im2col
+    x64_, w64 = x.astype(jnp.float64).reshape(2, 4, 6, 6, 32), w.astype(jnp.float64)
+    assert _sparse_calls(jax.vmap(lambda a: f(a, w64)), x64_) == 1
+    ref = jax.vmap(lambda a: lax.conv_general_dilated(a, w64, (1, 1), ((1, 1),) * 2, dimension_numbers=DN))(x64_)
+    _close((jax.vmap(lambda a: f(a, w64))(x64_),), (ref,), 1e-13)
+
+
+def test_plan_says_which_path_runs_the_convolutions():
+    """``print(plan)`` names the convolutions' path: the sparse kernels on one device, XLA's under a split layout
+    and why; the step compiled under each agrees (tests/helpers' three-step layouts count the calls too)."""
+    model = CIFAR10DVSVGG(widths=(32,) * 8, image_size=16, rngs=nnx.Rngs(0))
+    one = parallel.plan(model, 1, input_shape=(2, 8, 16, 16, 2))
+    assert [(r["path"], r["layers"]) for r in one.convolutions] == [("xla", 1), ("sparse", 5), ("xla", 2)]
+    assert "convolutions (1 layer): xla: the sparse kernels take float32 / float64, at least 32 input" in str(one)
+    assert "convolutions (5 layers): sparse: sparse-input kernels where at most 25% of the input" in str(one)
+    assert "convolutions (2 layers): xla: the output is smaller than the kernel" in str(one)  # 2 x 2 maps last
+    dp = parallel.plan(model, 8, mode="dp", input_shape=(2, 8, 16, 16, 2))
+    assert "convolutions (8 layers): xla: the layout spans 8 devices" in str(dp)
+    assert dp.as_dict()["convolutions"] == dp.convolutions
+    pp = parallel.plan(model, jax.make_mesh((2,), ("stage",), devices=jax.devices()[:2]), mode="pp",
+                       global_batch_size=8, input_shape=(2, 8, 16, 16, 2))  # its trace leaves stage out
+    assert "convolutions (8 layers): xla: the layout spans 2 devices" in str(pp)
 
 
 def test_cpu_compiler_options_keep_float32_convolutions_off_ynnpack():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,7 @@ def test_build_errors_name_the_compiler_and_its_message(monkeypatch, tmp_path):
     with pytest.raises(build.NativeBuildError, match=r"compiling neuron_ffi.cc failed:\nfalse -O3"):
         build.load.__wrapped__()
     assert not list(tmp_path.glob("*.so")), "a failed build must leave no library in the cache"
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(build.NativeBuildError, match=r"no C\+\+ compiler found \(set \$CXX"):
         build.load.__wrapped__()
 

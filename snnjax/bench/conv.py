@@ -1,15 +1,19 @@
 """A zoo model's 2-D convolutions on the CPU, one by one: forward, input gradient, kernel gradient, per implementation.
 
     python -m snnjax.bench.conv [--model cifar10dvs_vgg] [--batch-size 8] [--T 4] [--image-size P]
-        [--impls xla onednn onednn-omp] [--torch-python PATH] [--torch-threads K] [--reps 5] [--warmup 1]
-        [--out F.jsonl]
+        [--impls xla sparse onednn onednn-omp] [--density D] [--torch-python PATH] [--torch-threads K] [--reps 5]
+        [--warmup 1] [--out F.jsonl]
 
 The convolutions are the ones the model's train step calls (traced, not run: every distinct problem once, with the
 number of its calls), at the step's batch (N * T for the models that fold the time steps into it). Implementations:
 - ``xla``: the library's (``snnjax.layers.conv_cpu``: ``conv2d_nhwc``, ``input_grad``, ``weight_grad``) compiled with
   ``conv_cpu.compiler_options`` (XLA:CPU's Eigen convolutions for float32);
+- ``sparse``: the library's sparse-input kernels (``snnjax.layers.sparse_conv``) for the forward and the kernel
+  gradient (the input gradient is ``xla``'s), which ``conv_cpu`` takes on one device for inputs with few nonzeros:
+  time it with ``--density D``, which makes every problem's input 0/1 spikes with a fraction D of ones (default:
+  normal noise, no zeros);
 - ``onednn``: oneDNN's convolution primitives through an XLA FFI call (``onednn_conv.cc``, built at first use by
-  ``snnjax.neurons.kernels.native.build.build_library``), the batch cut into one slice per core of XLA's intra-op
+  ``snnjax.cpp.build.build_library``), the batch cut into one slice per core of XLA's intra-op
   pool, each run by oneDNN on one thread; ``onednn-omp``: one oneDNN call on its OpenMP threads. They need
   oneDNN's library and headers: ``pip install onednn-cpu-gomp onednn-devel-cpu-gomp`` (the OpenMP build; the
   ``onednn`` wheel is the SYCL build, which needs Intel's compiler, TBB and SYCL runtimes). Without them the
@@ -48,7 +52,7 @@ def onednn_dirs(prefix: str | None = None) -> tuple[pathlib.Path, pathlib.Path]:
 
     Raises NativeBuildError naming the packages when its headers or library are missing there.
     """
-    from snnjax.neurons.kernels.native.build import NativeBuildError
+    from snnjax.cpp.build import NativeBuildError
 
     root = pathlib.Path(prefix or sys.prefix)
     include, lib = root / "include", root / "lib"
@@ -62,10 +66,10 @@ def onednn_dirs(prefix: str | None = None) -> tuple[pathlib.Path, pathlib.Path]:
 def load_onednn():
     """The oneDNN convolution library (built once per machine), its FFI handler registered. Raises NativeBuildError
     when oneDNN is missing or the build fails; the failure is cached for the process."""
-    from snnjax.neurons.kernels.native import build
+    from snnjax.cpp import build
 
     include, lib = onednn_dirs()
-    sources = [ONEDNN_SOURCE, build.HERE / "parallel_chunks.h"]
+    sources = [ONEDNN_SOURCE, build.INCLUDE / "parallel_chunks.h"]
     return build.build_library("onednn_conv", "oneDNN convolution of the benchmark", sources,
                                ["SnnOnednnConvF32"],
                                ["-fopenmp", f"-I{include}", f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}"])
@@ -130,18 +134,20 @@ def model_convs(model: str, batch: int, t: int, image_size: int | None = None, *
     return list(seen.values())
 
 
-def _ours(conv: dict, impls: list[str], parts: int) -> tuple[dict, dict]:
+def _ours(conv: dict, impls: list[str], parts: int, density: float | None = None) -> tuple[dict, dict]:
     """``({impl: {part: fn()}}, {impl: max_rel_err})``: each implementation's three parts on fixed random operands,
     compiled and run once; the errors of each against ``xla``'s results."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from snnjax.layers import conv_cpu
+    from snnjax.layers import conv_cpu, sparse_conv
 
     rng = np.random.default_rng(0)
     strides, pads = tuple(conv["strides"]), tuple(tuple(p) for p in conv["padding"])
-    x = jnp.asarray(rng.standard_normal(conv["x"], np.float32))
+    x = (rng.standard_normal(conv["x"], np.float32) if density is None
+         else (rng.random(conv["x"]) < density).astype(np.float32))
+    x = jnp.asarray(x)
     w = jnp.asarray(rng.standard_normal(conv["w"], np.float32) * 0.1)
     y_shape = jax.eval_shape(lambda: conv_cpu.conv2d_nhwc(x, w, strides, pads)).shape
     g = jnp.asarray(rng.standard_normal(y_shape, np.float32))
@@ -153,8 +159,15 @@ def _ours(conv: dict, impls: list[str], parts: int) -> tuple[dict, dict]:
         "input_grad": jax.jit(lambda g, w: conv_cpu.input_grad(g, w, x.shape, strides, pads), compiler_options=opts),
         "kernel_grad": jax.jit(lambda x, g: conv_cpu.weight_grad(x, g, w.shape, strides, pads),
                                compiler_options=opts)}}
+    if "sparse" in impls and not sparse_conv.supports(x.dtype, w.dtype, w.shape[2], w.shape[3]):
+        fns["sparse"] = fns["xla"]  # channels the kernels do not take: the op runs XLA's there
+    elif "sparse" in impls:
+        fns["sparse"] = {
+            "forward": jax.jit(lambda x, w: sparse_conv.forward(x, w, y_shape[1:3], strides, pads)),
+            "input_grad": fns["xla"]["input_grad"],
+            "kernel_grad": jax.jit(lambda x, g: sparse_conv.weight_grad(x, g, w.shape, strides, pads))}
     for impl in impls:
-        if impl != "xla":
+        if impl.startswith("onednn"):
             n = parts if impl == "onednn" else 0
             fns[impl] = {part: jax.jit(functools.partial(onednn_conv, part, out_shape=shapes[part], strides=strides,
                                                          padding=pads, parts=n)) for part in PARTS}
@@ -178,7 +191,9 @@ def main(argv=None) -> dict:
     p.add_argument("--T", type=int, default=4)
     p.add_argument("--image-size", type=int, default=None, help="the image models' side (default: the workload's)")
     p.add_argument("--impls", nargs="+", default=["xla", "onednn", "onednn-omp"],
-                   choices=["xla", "onednn", "onednn-omp"])
+                   choices=["xla", "sparse", "onednn", "onednn-omp"])
+    p.add_argument("--density", type=float, default=None,
+                   help="inputs as 0/1 spikes with this fraction of ones (default: normal noise)")
     p.add_argument("--torch-python", default=None, help="a Python with torch: adds torch-nchw and torch-cl")
     p.add_argument("--torch-threads", type=int, default=None, help="torch's threads (default: XLA's pool's)")
     p.add_argument("--reps", type=int, default=5)
@@ -188,12 +203,13 @@ def main(argv=None) -> dict:
 
     import jax
 
-    from snnjax.neurons.kernels.native.build import NativeBuildError
+    from snnjax.cpp.build import NativeBuildError
 
     cores = thread_info()["xla_intra_op_threads"]
     impls = ["xla", *(i for i in dict.fromkeys(args.impls) if i != "xla")]
     rec = {"bench": "conv", "model": args.model, "batch_size": args.batch_size, "T": args.T,
            "image_size": args.image_size, "dtype": "float32", "reps": args.reps, "timing": "interleaved",
+           "density": args.density,
            "device_kind": jax.devices()[0].device_kind, "jax_version": jax.__version__, "xla_threads": cores}
     if any(i.startswith("onednn") for i in impls):
         try:
@@ -219,7 +235,7 @@ def main(argv=None) -> dict:
     totals = {label: {part: [0.0, 0.0] for part in PARTS} for label in labels}  # [wall, cpu] ms
     try:
         for conv in convs:
-            runs, errors = _ours(conv, impls, cores)
+            runs, errors = _ours(conv, impls, cores, args.density)
             for pr in peers.values():
                 pr.request("setup", x=conv["x"], w=conv["w"], strides=conv["strides"], padding=conv["padding"])
             conv["max_rel_err"] = errors

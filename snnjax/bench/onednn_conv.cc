@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
-#include "../neurons/kernels/native/parallel_chunks.h"
+#include "parallel_chunks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;

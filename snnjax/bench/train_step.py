@@ -2,7 +2,7 @@
 
     python -m snnjax.bench.train_step --model {cifar10dvs_vgg,spikformer_ti,mlp,sdt,qkformer,sew_resnet18,
         spiking_resnet18,dvsgesture_plif,ms_resnet18} --batch-size N --T T
-        [--dtype float32|bfloat16] [--image-size P] [--grad-accum K] [--steps S] [--warmup W] [--conv auto|xla]
+        [--dtype float32|bfloat16] [--image-size P] [--grad-accum K] [--steps S] [--warmup W] [--conv auto|dense|xla]
         [--compare-spikingjelly] [--sj-python PATH] [--sj-backends B ...] [--out FILE.jsonl]
     python -m snnjax.bench.train_step --config configs/X.py [--num-classes C] [--batch-size N] [--T T] ...
 
@@ -29,8 +29,9 @@ example shape.
 It times ``snnjax.train.step.train_step`` jitted with the state donated (with ``--grad-accum`` 1 it
 has no loop around the model; above, its microbatch ``lax.scan`` is included). ``--conv xla`` swaps
 the CPU convolution (``snnjax.layers.conv_cpu``) for ``lax.conv_general_dilated`` to measure what it
-gains. Reported: compile seconds (lower + compile), the compiled step's peak memory (``memory_analysis``:
-arguments + non-aliased outputs + temporaries, ``peak_bytes``) and the median / min milliseconds of ``--steps``
+gains; ``--conv dense`` keeps that op but not its sparse-input kernels. Reported: compile seconds (lower +
+compile), the compiled step's peak memory (``memory_analysis``: arguments + non-aliased outputs + temporaries,
+``peak_bytes``) and the median / min milliseconds of ``--steps``
 steps after ``--warmup``, each ended by ``block_until_ready``.
 ``--compare-spikingjelly`` runs SpikingJelly's own model (``snnjax.bench.spikingjelly_train_step``,
 multi-step mode, ``torch.optim.Adam``, one device) in a process of ``--sj-python`` kept alive beside ours
@@ -83,7 +84,8 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", dtype: st
     ``dtype`` the compute dtype (parameters stay float32).
 
     ``conv="xla"`` makes every ``Conv2d`` call ``lax.conv_general_dilated`` (XLA's own gradients) instead of
-    the layer's default (``snnjax.layers.conv_cpu`` on a CPU).
+    the layer's default (``snnjax.layers.conv_cpu`` on a CPU); ``conv="dense"`` keeps the layer's CPU op without its
+    sparse-input kernels (``conv_cpu.sparse_inputs(False)``).
     """
     import jax
     import jax.numpy as jnp
@@ -96,10 +98,10 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", dtype: st
 
     net = build_model(model, t, nnx.Rngs(params=0, dropout=1), dtype=jnp.dtype(dtype), image_size=image_size,
                       **overrides)
-    if conv == "xla":
+    if conv != "auto":
         for _, module in nnx.iter_graph(net):
             if isinstance(module, Conv2d):
-                module.conv_general_dilated = jax.lax.conv_general_dilated
+                module.conv_general_dilated = jax.lax.conv_general_dilated if conv == "xla" else _dense_conv
     graphdef, params, rngs, rest = S.split_model(net)
     tx = optax.adam(1e-3)
     state = S.TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs, model_state=rest,
@@ -107,6 +109,14 @@ def make_step(model: str, t: int, grad_accum: int, conv: str = "auto", dtype: st
     cfg = S.StepConfig(seed=0, time_steps=t, encoder=None, grad_accum_steps=grad_accum, compute_dtype=jnp.dtype(dtype))
     return jax.jit(functools.partial(S.train_step, cfg, graphdef, tx), donate_argnums=0,
                    compiler_options=compiler_options((state, cfg.compute_dtype))), state
+
+
+def _dense_conv(*args, **kwargs):
+    """The library's CPU convolution without its sparse-input kernels (``--conv dense``)."""
+    from snnjax.layers import conv_cpu
+
+    with conv_cpu.sparse_inputs(False):
+        return conv_cpu.conv_general_dilated(*args, **kwargs)
 
 
 def prepare_ours(model: str, batch: int, t: int, grad_accum: int, warmup: int, conv: str = "auto",
@@ -212,8 +222,9 @@ def main(argv=None) -> dict:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-    p.add_argument("--conv", default="auto", choices=["auto", "xla"],
-                   help="auto: Conv2d's default (snnjax.layers.conv_cpu on a CPU); xla: lax.conv_general_dilated")
+    p.add_argument("--conv", default="auto", choices=["auto", "dense", "xla"],
+                   help="auto: Conv2d's default (snnjax.layers.conv_cpu on a CPU); dense: that op without its "
+                        "sparse-input kernels; xla: lax.conv_general_dilated")
     p.add_argument("--compare-spikingjelly", action="store_true")
     p.add_argument("--sj-python", default=sys.executable, help="Python with torch and spikingjelly")
     p.add_argument("--sj-threads", type=int, default=thread_info()["schedulable_cores"],

@@ -28,6 +28,7 @@ from snnjax.deploy.calls import UnsupportedModelError
 from snnjax.deploy.exported import FORMAT, sha256
 from snnjax.deploy.run import load_run
 from snnjax.deploy.streaming import initial_states, step
+from snnjax.layers.conv_cpu import sparse_inputs
 from snnjax.neurons.modules import set_impl
 from snnjax.train import config as config_lib
 
@@ -63,8 +64,9 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
     def multi(params, x):
         return rebuild(params)(x)
 
-    exported_multi = jax.export.export(jax.jit(multi), platforms=tuple(platforms))(
-        param_specs, jax.ShapeDtypeStruct((time_steps, b, *frame), dtype))
+    with sparse_inputs(False):  # no FFI convolution either
+        exported_multi = jax.export.export(jax.jit(multi), platforms=tuple(platforms))(
+            param_specs, jax.ShapeDtypeStruct((time_steps, b, *frame), dtype))
     meta: dict[str, Any] = {"format": FORMAT, "frame_shape": list(frame), "time_steps": int(time_steps),
                             "dtype": dtype.name, "platforms": list(platforms), **(info or {})}
     files = {"multi_step.jax": exported_multi.serialize()}
@@ -80,8 +82,9 @@ def export_model(model: nnx.Module, frame_shape: Sequence[int], time_steps: int,
             return step(rebuild(params), x, states)
 
         state_specs = [jax.ShapeDtypeStruct((b, *s.shape[1:]), s.dtype) for s in states]
-        files["single_step.jax"] = jax.export.export(jax.jit(single), platforms=tuple(platforms))(
-            param_specs, state_specs, jax.ShapeDtypeStruct((b, *frame), dtype)).serialize()
+        with sparse_inputs(False):
+            files["single_step.jax"] = jax.export.export(jax.jit(single), platforms=tuple(platforms))(
+                param_specs, state_specs, jax.ShapeDtypeStruct((b, *frame), dtype)).serialize()
     buffer = io.BytesIO()
     np.savez(buffer, **{f"p{i}": np.asarray(x) for i, x in enumerate(leaves)})
     files["params.npz"] = buffer.getvalue()

@@ -18,7 +18,8 @@ first copies the output gradient into a transposed layout (a pass over ``[T, N, 
 
 On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
 backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
-``lax.scan``); on other backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
+``lax.scan``) and whose forward and weight gradient skip the zeros of a spike input (``sparse_conv``); on other
+backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
 
 Within ``observe_inputs(fn)`` every call of a ``Conv2d`` or ``Linear`` (what ``conv2d`` / ``linear`` build) also
 hands ``(layer, inputs)`` to ``fn``, as neurons hand their spikes to ``snnjax.neurons.modules.observe``:

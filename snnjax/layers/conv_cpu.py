@@ -22,7 +22,11 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
   and the transposed windows (``col2im_input_grad``), where XLA:CPU's conv made
   the backward 4-13x slower (ResNet-18's stride-2 convs into its 2 x 2 and 1 x 1 stages);
 - a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
-  forward and both gradients (its transposes): no products with padding.
+  forward and both gradients (its transposes): no products with padding;
+- an input of spikes (at most ``sparse_conv.MAX_DENSITY`` nonzero, decided per call with a ``lax.cond``): the
+  forward and the weight gradient on ``sparse_conv``'s kernels, whose work scales with the nonzeros
+  (CIFAR10DVSVGG's and SEW-ResNet-18's train steps 1.2-1.3x faster); on one device only (``sparse_refusal``;
+  ``print(plan)`` says which convolutions take it).
 
 Steps that convolve on the CPU compile with ``compiler_options((state, dtype), platform)`` (the library's own
 steps do; pass it as ``jax.jit(..., compiler_options=...)`` when you jit model code yourself: ``import snnjax``
@@ -61,12 +65,17 @@ string padding. Dilation and feature groups fall back to ``lax.conv_general_dila
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from snnjax.layers import sparse_conv
+from snnjax.parallel import conv_paths, logical
 
 _DN = ("NHWC", "HWIO", "NHWC")
 Padding = str | Sequence[tuple[int, int]]
@@ -188,24 +197,90 @@ def _transpose(linear, in_shape: Sequence[int], g: jax.Array) -> jax.Array:
     return jax.linear_transpose(linear, jax.ShapeDtypeStruct(tuple(in_shape), g.dtype))(g)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
 def conv2d_nhwc(x: jax.Array, w: jax.Array, strides: tuple[int, int], padding: tuple[tuple[int, int], ...],
-                precision=None, out_dtype=None) -> jax.Array:
-    """``x [N, H, W, C_in]`` * ``w [kh, kw, C_in, C_out]`` -> ``[N, H_out, W_out, C_out]`` (explicit padding pairs)."""
-    return _forward(x, w, strides, padding, precision, out_dtype)
+                precision=None, out_dtype=None, sparse: bool = False) -> jax.Array:
+    """``x [N, H, W, C_in]`` * ``w [kh, kw, C_in, C_out]`` -> ``[N, H_out, W_out, C_out]`` (explicit padding pairs).
+
+    ``sparse``: where at most ``sparse_conv.MAX_DENSITY`` of ``x`` is nonzero (decided per call), the forward and
+    the kernel gradient run ``sparse_conv``'s kernels (``sparse_refusal`` says where they may be asked for).
+    """
+    return _sparse_or_dense(x, w, strides, padding, precision, out_dtype, sparse)[0]
 
 
-def _fwd(x, w, strides, padding, precision, out_dtype):
-    return _forward(x, w, strides, padding, precision, out_dtype), (x, w)
+def _sparse_or_dense(x, w, strides, padding, precision, out_dtype, sparse):
+    """``(y, takes_sparse)``: ``takes_sparse`` a traced bool, or None where ``sparse`` is off."""
+    if not sparse:
+        return _forward(x, w, strides, padding, precision, out_dtype), None
+    takes = jnp.mean(x != 0, dtype=jnp.float32) <= sparse_conv.MAX_DENSITY
+    out_hw = _out_hw(x.shape, w.shape, strides, padding)
+    y = lax.cond(takes, lambda x, w: sparse_conv.forward(x, w, out_hw, strides, padding),
+                 lambda x, w: _forward(x, w, strides, padding, precision, out_dtype), x, w)
+    return y, takes
 
 
-def _bwd(strides, padding, precision, out_dtype, res, g):
-    x, w = res
+def _fwd(x, w, strides, padding, precision, out_dtype, sparse):
+    y, takes = _sparse_or_dense(x, w, strides, padding, precision, out_dtype, sparse)
+    return y, (x, w, takes)
+
+
+def _bwd(strides, padding, precision, out_dtype, sparse, res, g):
+    x, w, takes = res
     dx = input_grad(g, w, x.shape, strides, padding, precision).astype(x.dtype)
-    return dx, weight_grad(x, g, w.shape, strides, padding, precision).astype(w.dtype)
+    dense = functools.partial(weight_grad, w_shape=w.shape, strides=strides, padding=padding, precision=precision)
+    if takes is None:
+        return dx, dense(x, g).astype(w.dtype)
+    dw = lax.cond(takes, lambda x, g: sparse_conv.weight_grad(x, g, w.shape, strides, padding),
+                  lambda x, g: dense(x, g).astype(w.dtype), x, g)
+    return dx, dw
 
 
 conv2d_nhwc.defvjp(_fwd, _bwd)
+
+_SPARSE_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("snnjax_sparse_inputs", default=True)
+
+
+@contextlib.contextmanager
+def sparse_inputs(enabled: bool):
+    """Within this context the CPU convolutions traced may (True, the default) or may not (False) take
+    ``sparse_conv``'s kernels: off where the program must hold no custom call (``jax.export``: the FFI kernels
+    would tie the file to this build) or where a transformation reads its convolutions (the pipeline's weight
+    split)."""
+    token = _SPARSE_INPUTS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SPARSE_INPUTS.reset(token)
+
+
+SPARSE_PATH = (f"sparse-input kernels where at most {sparse_conv.MAX_DENSITY:.0%} of the input is nonzero "
+               "(decided per call), else XLA's")
+
+
+def sparse_refusal(x_shape: Sequence[int], w_shape: Sequence[int], x_dtype, w_dtype, out_dtype,
+                   strides: tuple[int, int], padding: Sequence[tuple[int, int]]) -> str | None:
+    """None where ``conv2d_nhwc(..., sparse=True)`` may take ``sparse_conv``'s kernels for this convolution on the
+    traced device count; else why not (what ``print(plan)`` says)."""
+    if not _SPARSE_INPUTS.get():
+        return "the sparse kernels are turned off here (conv_cpu.sparse_inputs(False))"
+    if (devices := _devices()) > 1:
+        return (f"the layout spans {devices} devices and the sparse kernels' FFI call has no partitioning rule "
+                "(XLA would gather its operands)")
+    if not sparse_conv.supports(x_dtype, w_dtype, w_shape[2], w_shape[3]) or out_dtype not in (None, x_dtype):
+        return (f"the sparse kernels take float32 / float64, at least {sparse_conv.MIN_IN_CHANNELS} input channels "
+                f"and output channels a multiple of 8, not {jnp.dtype(x_dtype).name} with {w_shape[2]} -> "
+                f"{w_shape[3]}")
+    if _tiny_output(x_shape, w_shape, strides, padding):
+        return "the output is smaller than the kernel (an im2col matmul or a sum over taps)"
+    if not sparse_conv.available():
+        return "the sparse kernels could not be built (the log says why)"
+    return None
+
+
+def _devices() -> int:
+    """How many devices the convolution being traced spans: the largest of the active layout's (``logical``'s
+    rules), the abstract mesh's and a plan's (``conv_paths.planned_devices``)."""
+    return max(logical.active_devices(), jax.sharding.get_abstract_mesh().size, conv_paths.planned())
 
 
 def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tuple[int, int],
@@ -299,5 +374,7 @@ def conv_general_dilated(lhs: jax.Array, rhs: jax.Array, window_strides: Sequenc
                                         preferred_element_type, out_sharding=out_sharding)
     if isinstance(padding, str):
         padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], window_strides, padding)
-    return conv2d_nhwc(lhs, rhs, tuple(window_strides), tuple(tuple(p) for p in padding), precision,
-                       preferred_element_type)
+    strides, padding = tuple(window_strides), tuple(tuple(p) for p in padding)
+    refusal = sparse_refusal(lhs.shape, rhs.shape, lhs.dtype, rhs.dtype, preferred_element_type, strides, padding)
+    conv_paths.record(lhs.shape, rhs.shape, "xla" if refusal else "sparse", refusal or SPARSE_PATH)
+    return conv2d_nhwc(lhs, rhs, strides, padding, precision, preferred_element_type, refusal is None)

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from snnjax.parallel.conv_paths import describe as describe_convolutions
 from snnjax.parallel.neuron_paths import describe as describe_neurons
 from snnjax.parallel.temporal import describe as describe_temporal
 from snnjax.parallel.variables import path_str
@@ -19,7 +20,7 @@ def spec_str(spec: PartitionSpec) -> str:
 
 def format_plan(plan: Any) -> str:
     """The table ``print(plan)`` shows: mode, reasons, each parameter's layout and bytes, totals, the time split,
-    which path runs each neuron type, collectives."""
+    which path runs each neuron type and the convolutions, collectives."""
     t = plan.totals()
     mesh = " x ".join(f"{k}={v}" for k, v in plan.axis_sizes.items() if v > 1) or "1 device"
     sp = ", sequence parallel" if plan.strategy.sequence_parallel else ""
@@ -46,6 +47,8 @@ def format_plan(plan: Any) -> str:
         lines.append(describe_temporal(plan.temporal))
     if getattr(plan, "neurons", None):
         lines += describe_neurons(plan.neurons)
+    if getattr(plan, "convolutions", None):
+        lines += describe_convolutions(plan.convolutions)
     if getattr(plan, "pipeline_summary", None):
         lines += _pipeline_lines(plan.pipeline_summary)
     for c in plan.expected_collectives:

@@ -113,6 +113,12 @@ def activation_rules(mesh: Mesh, rules: Mapping[str, str | tuple[str, ...] | Non
         _ACTIVE.reset(token)
 
 
+def active_devices() -> int:
+    """How many devices the active rules' mesh spans (1 where no rules are active)."""
+    active = _ACTIVE.get()
+    return 1 if active is None else active[0].size
+
+
 def shards(name: str) -> int:
     """The number of devices the active rules (if any) split the logical axis ``name`` over."""
     active = _ACTIVE.get()

@@ -104,8 +104,10 @@ class Plan:
     pipeline_summary: dict[str, Any] | None = None  # its schedule, bubble, stage inputs held (pipeline_plan.summary)
     packing: StagePacking | None = None  # mode "pp": each device stores its stages' parameters (stage_params)
     offload: str = "none"  # what lives in host memory between steps: none, opt_state, params or all (with_offload)
-    # () -> neuron_paths.summary of the model on its batch (None: planned without the model or input_shape)
-    neuron_trace: Callable[[], list[dict]] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # () -> neuron_paths.summary of the model on its batch: (neuron rows, convolution rows) (None: planned without
+    # the model or input_shape)
+    neuron_trace: Callable[[], tuple[list[dict], list[dict]]] | None = dataclasses.field(default=None, repr=False,
+                                                                                      compare=False)
 
     @property
     def rules(self) -> Mapping[str, Any]:
@@ -122,11 +124,21 @@ class Plan:
                                     in_pipeline=self.mode == "pp")
 
     @functools.cached_property
+    def _paths(self) -> tuple[list[dict], list[dict]] | tuple[None, None]:
+        return (None, None) if self.neuron_trace is None else self.neuron_trace()
+
+    @property
     def neurons(self) -> list[dict] | None:
         """Which path runs each neuron type of the model under this plan's mesh, and why (``neuron_paths.summary``:
         ``{"neuron", "layers", "impl", "why"}``); None where the plan was made without the model or ``input_shape``.
         Traced for shapes on first use."""
-        return None if self.neuron_trace is None else self.neuron_trace()
+        return self._paths[0]
+
+    @property
+    def convolutions(self) -> list[dict] | None:
+        """Which path runs the model's convolutions on the CPU under this plan's mesh, and why
+        (``conv_paths.summary``: ``{"path", "why", "layers"}``; empty on other backends); None as ``neurons``."""
+        return self._paths[1]
 
     def with_offload(self, offload: str) -> Plan:
         """This plan with ``offload`` in host memory between steps: ``opt_state`` (the optimizer state),
@@ -187,7 +199,7 @@ class Plan:
                 "sequence_parallel": self.strategy.sequence_parallel, "rules": {k: v for k, v in self.rules.items()},
                 "objective": self.objective, "mesh": dict(self.axis_sizes), "reasons": list(self.reasons),
                 "totals": self.totals(), "expected_collectives": self.expected_collectives, "temporal": self.temporal,
-                "offload": self.offload, "neurons": self.neurons,
+                "offload": self.offload, "neurons": self.neurons, "convolutions": self.convolutions,
                 "params": [p.as_dict() for p in self.params]}
 
     def __str__(self) -> str:
@@ -384,7 +396,8 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     microbatches, layout; ``snnjax.parallel.pipeline_plan``), each stage using the other axes as the
     mode they imply would (``hybrid`` rules for data x fsdp x tensor). Needs the model (its units);
     ``input_shape`` (the batch ``[T, N, ...]``) and ``compute_dtype`` let the split balance compiled cost, and
-    ``plan.neurons`` (printed with the plan) say which path runs each neuron type under this mesh, and why.
+    ``plan.neurons`` and ``plan.convolutions`` (printed with the plan) say which path runs each neuron type and the
+    CPU convolutions under this mesh, and why.
     Raises ``ValueError`` saying what to change for layouts that cannot work.
     """
     if objective not in auto_lib.OBJECTIVES:

@@ -63,8 +63,6 @@ data=4 x tensor=2; the same kernel call gathered onto every device took 0.9-2.3 
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 import warnings
@@ -79,6 +77,7 @@ from snnjax.neurons.kernels import assoc, pallas, scan, sharded, temporal, xla
 from snnjax.neurons.kernels.native import build as native_build
 from snnjax.neurons.kernels.native import neuron as native
 from snnjax.neurons.kernels.pallas import api as pallas_api
+from snnjax.recording import Recorder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,26 +241,19 @@ def neuron_name(cfg: B.NeuronConfig | B.StepNeuron) -> str:
     return cfg.kind if isinstance(cfg, B.NeuronConfig) else cfg.name
 
 
-_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("snnjax_neuron_choices", default=None)
+_RECORD = Recorder("snnjax_neuron_choices")
 
 
-@contextlib.contextmanager
 def recording():
     """Collect ``(neuron name, input shape, Choice)`` of every multi-step neuron call traced within this context
     (what a plan reports: ``snnjax.parallel.neuron_paths``)."""
-    found: list = []
-    token = _RECORD.set(found)
-    try:
-        yield found
-    finally:
-        _RECORD.reset(token)
+    return _RECORD.recording()
 
 
 def _chosen(impl: str, cfg: B.NeuronConfig | B.StepNeuron, x_seq) -> str:
     """``resolve_impl``, warning where ``auto`` runs ``xla`` because the backend's kernel refused the call."""
     choice = choose_impl(impl, cfg, x_seq)
-    if (record := _RECORD.get()) is not None:
-        record.append((neuron_name(cfg), tuple(jnp.shape(x_seq)), choice))
+    _RECORD.add((neuron_name(cfg), tuple(jnp.shape(x_seq)), choice))
     if choice.refused:
         warnings.warn(f"impl='auto' runs this {neuron_name(cfg)} neuron with the {choice.impl} path: {choice.why}",
                       stacklevel=3)

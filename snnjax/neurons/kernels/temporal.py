@@ -66,6 +66,7 @@ from jax.sharding import PartitionSpec as P
 
 from snnjax.neurons import base as B
 from snnjax.neurons.kernels import scan, sharded, xla
+from snnjax.recording import Recorder
 
 TIME_AXIS = "time"
 BUBBLE_TARGET = 0.10
@@ -87,7 +88,7 @@ def block_count(blocks: int):
         _BLOCKS.reset(token)
 
 
-_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("snnjax_time_schedules", default=None)
+_RECORD = Recorder("snnjax_time_schedules")
 _MESH: contextvars.ContextVar = contextvars.ContextVar("snnjax_time_mesh", default=None)
 
 
@@ -118,15 +119,9 @@ def _shard_map_mesh():
     return None if jax.sharding.get_abstract_mesh().manual_axes else _concrete_mesh()
 
 
-@contextlib.contextmanager
 def recording():
     """Collect ``(input shape, Schedule)`` of every time-sharded neuron traced within this context."""
-    found: list = []
-    token = _RECORD.set(found)
-    try:
-        yield found
-    finally:
-        _RECORD.reset(token)
+    return _RECORD.recording()
 
 
 def bubble(shards: int, blocks: int) -> float:
@@ -269,8 +264,7 @@ def multistep(cfg: B.NeuronConfig, x_seq: jax.Array, v_init=None, w=None, *, ret
         kernel = None  # only an abstract mesh: a kernel split further by the partitioner needs the devices
     sched = layer_schedule(x_seq.shape, shards, x_seq.dtype, _BLOCKS.get() if blocks is None else blocks)
     sched = dataclasses.replace(sched, block_impl="xla" if kernel is None else kernel.name)
-    if (record := _RECORD.get()) is not None:
-        record.append((tuple(x_seq.shape), sched))
+    _RECORD.add((tuple(x_seq.shape), sched))
     v0 = B.start_states(cfg, x_seq, v_init) if step_neuron else B.broadcast_state(cfg, x_seq, v_init)
     w0 = w if step_neuron else jnp.asarray(w).reshape(()) if cfg.kind == "PLIF" else None
     # The pipeline views the trailing dims without those of size 1: with one kept, XLA:CPU laid the reshape into

@@ -1,5 +1,6 @@
 // ParallelChunks: a loop over chunks of work on XLA's intra-op thread pool, for the FFI handlers of the
-// native neuron kernels (neuron_ffi.cc) and of the convolution benchmark (snnjax/bench/onednn_conv.cc).
+// native neuron kernels (neuron_ffi.cc), the sparse-input convolution (snnjax/layers/sparse_conv.cc) and the
+// convolution benchmark (snnjax/bench/onednn_conv.cc).
 #pragma once
 
 #include <algorithm>
