@@ -6,10 +6,11 @@ position's nonzero channels, then sum only their products: the forward adds ``v 
 ``(c, v)`` into each output position's accumulators; the kernel gradient adds ``v * g[p, :]`` into
 ``dw[i, j, c, :]``. The input gradient has no such saving (the output gradient is dense) and stays XLA's.
 
-Measured on the 2-core development CPU (AVX-512, float32, ``N*T = 32``, 3 x 3 kernels, stride 1; ms against
-XLA's Eigen convolution, forward / kernel gradient): at 15% ones ``24 x 24, 256 -> 256`` 46 / 51 against
-110 / 124, ``12 x 12, 512 -> 512`` 48 / 45 against 106 / 106, ``48 x 48, 64 -> 128`` 48 / 51 against 63 / 77;
-the two cross near 30% ones (at 47%, an average-pooled spike map, 1.2-1.5x slower). So ``conv_cpu`` takes it
+Measured on the 2-core development CPU (AVX-512, float32, ``N*T = 32``, 3 x 3 kernels, stride 1; CPU ms of both
+cores against XLA's Eigen convolution, forward / kernel gradient, ``python -m snnjax.bench.conv --impls xla sparse
+--density 0.15``): at 15% ones ``24 x 24, 256 -> 256`` 94 / 139 against 236 / 284, ``12 x 12, 512 -> 512`` 85 / 127
+against 233 / 226, ``48 x 48, 64 -> 128`` 61 / 106 against 136 / 167; the two cross near 30% ones (at 47%, an
+average-pooled spike map, 1.2-1.5x slower). So ``conv_cpu`` takes it
 when at most ``MAX_DENSITY`` of an input is nonzero, decided per call on the values (``lax.cond``).
 
 The sums run in another order than XLA's (float32 results within 1e-6 of the largest output, float64 within
