@@ -186,9 +186,9 @@ template <typename F, template <typename, int> class Item, int widest, typename.
 void Dispatch(int64_t co, Args&&... args) {
   if (widest >= 64 && co % 64 == 0) {
     Item<F, 64>::Run(args...);
-  } else if (co % 32 == 0) {
+  } else if (widest >= 32 && co % 32 == 0) {
     Item<F, 32>::Run(args...);
-  } else if (co % 16 == 0) {
+  } else if (widest >= 16 && co % 16 == 0) {
     Item<F, 16>::Run(args...);
   } else {
     Item<F, 8>::Run(args...);
