@@ -257,18 +257,9 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> g
 }  // namespace
 }  // namespace snnjax
 
-#define SNN_SPARSE_CONV(SUFFIX, DT)                                                                         \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnSparseConvForward##SUFFIX, snnjax::Forward<DT>,                          \
-                                ffi::Ffi::Bind()                                                            \
-                                    .Ctx<ffi::ThreadPool>()                                                 \
-                                    .Arg<ffi::Buffer<DT>>()                                                 \
-                                    .Arg<ffi::Buffer<DT>>()                                                 \
-                                    .Ret<ffi::Buffer<DT>>()                                                 \
-                                    .Attr<int64_t>("stride_h")                                              \
-                                    .Attr<int64_t>("stride_w")                                              \
-                                    .Attr<int64_t>("pad_h")                                                 \
-                                    .Attr<int64_t>("pad_w"));                                               \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(SnnSparseConvWeightGrad##SUFFIX, snnjax::WeightGrad<DT>,                    \
+// Both handlers take (x, w or g) and return one buffer, with the same attributes.
+#define SNN_SPARSE_CONV_HANDLER(NAME, FN, DT)                                                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, FN<DT>,                                                               \
                                 ffi::Ffi::Bind()                                                            \
                                     .Ctx<ffi::ThreadPool>()                                                 \
                                     .Arg<ffi::Buffer<DT>>()                                                 \
@@ -279,5 +270,7 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> g
                                     .Attr<int64_t>("pad_h")                                                 \
                                     .Attr<int64_t>("pad_w"));
 
-SNN_SPARSE_CONV(F32, ffi::F32)
-SNN_SPARSE_CONV(F64, ffi::F64)
+SNN_SPARSE_CONV_HANDLER(SnnSparseConvForwardF32, snnjax::Forward, ffi::F32)
+SNN_SPARSE_CONV_HANDLER(SnnSparseConvForwardF64, snnjax::Forward, ffi::F64)
+SNN_SPARSE_CONV_HANDLER(SnnSparseConvWeightGradF32, snnjax::WeightGrad, ffi::F32)
+SNN_SPARSE_CONV_HANDLER(SnnSparseConvWeightGradF64, snnjax::WeightGrad, ffi::F64)
