@@ -173,21 +173,25 @@ def _spikes(shape, density, dtype, seed=0, values=(1.0,)):
     return jnp.asarray(x, dtype)
 
 
-# (input size, C_in, C_out, kernel, stride, padding): the models' 3x3 case first; every output block width
-# (64, 32, 16, 8 channels), strides, uneven padding, a 1 x 1 kernel.
-SPARSE = [((7, 9), 5, 64, 3, 1, ((1, 1), (1, 1))), ((6, 6), 3, 32, 3, 2, ((1, 1), (1, 1))),
-          ((5, 7), 4, 16, 3, 1, ((0, 1), (2, 0))), ((8, 5), 6, 8, 1, 1, ((0, 0), (0, 0))),
-          ((9, 9), 2, 24, 5, 2, ((2, 1), (1, 2))), ((6, 7), 3, 40, 4, 3, ((1, 2), (0, 1)))]
+# (batch, input size, C_in, C_out, kernel, stride, padding): the models' 3x3 case first; every forward block width
+# (64, 32, 16, 8 channels), strides, uneven padding, a 1 x 1 kernel. Then the kernel gradient's passes over its
+# padded output gradient: whole images in chunks (10 images of 13 x 13 at 64 channels: two chunks, the last
+# partial, two groups' partial sums) and bands of rows of one image (a 30 x 26 image; with a stride; a 5 x 5 kernel).
+SPARSE = [(3, (7, 9), 5, 64, 3, 1, ((1, 1), (1, 1))), (3, (6, 6), 3, 32, 3, 2, ((1, 1), (1, 1))),
+          (3, (5, 7), 4, 16, 3, 1, ((0, 1), (2, 0))), (3, (8, 5), 6, 8, 1, 1, ((0, 0), (0, 0))),
+          (3, (9, 9), 2, 24, 5, 2, ((2, 1), (1, 2))), (3, (6, 7), 3, 40, 4, 3, ((1, 2), (0, 1))),
+          (10, (13, 13), 5, 64, 3, 1, ((1, 1), (1, 1))), (2, (30, 26), 3, 64, 3, 1, ((1, 1), (1, 1))),
+          (2, (34, 30), 4, 32, 3, 2, ((1, 1), (0, 1))), (2, (30, 30), 3, 64, 5, 1, ((2, 1), (1, 2)))]
 
 
-@pytest.mark.parametrize("size, cin, cout, k, stride, padding", SPARSE)
-def test_sparse_kernels_match_lax(x64, size, cin, cout, k, stride, padding):
+@pytest.mark.parametrize("n, size, cin, cout, k, stride, padding", SPARSE)
+def test_sparse_kernels_match_lax(x64, n, size, cin, cout, k, stride, padding):
     """``sparse_conv``'s forward and kernel gradient against lax's, float64 (to 1e-13) and float32 (1e-6 of the
     largest value), on spikes, on counts and signed values (a SEW ``ADD``, anything the op may meet)."""
     strides = (stride, stride)
     for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 1e-6)):
         for values in ((1.0,), (1.0, 2.0, -0.5)):
-            x = _spikes((3, *size, cin), 0.2, dtype, values=values)
+            x = _spikes((n, *size, cin), 0.2, dtype, values=values)
             w = _inputs(dtype, cin=cin, cout=cout, k=k)[1]
             y, pull = jax.vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN),
                               x, w)

@@ -4,13 +4,16 @@
 // SnnSparseConvWeightGrad{F32,F64}(x [N, H, W, Ci], g [N, Ho, Wo, Co]) -> dw [kh, kw, Ci, Co]
 // attributes: stride_h, stride_w, pad_h, pad_w (leading padding; the output shape sets the rest).
 //
-// Both list the nonzeros of x per input position first (CSR over the N*H*W positions), then
-// - forward: every output position sums v * w[i, j, c, :] over the nonzeros (c, v) its window
-//   reaches, in registers, a block of 64 output channels at a time (32, 16 or 8 where 64 does not
-//   divide them), from the kernel repacked so that a block's rows are contiguous;
-// - kernel gradient: dw[i, j, c, :] += v * g[p, :] for each output position p and each nonzero
-//   (c, v) that tap (i, j) of p's window reaches; a work item owns one tap and one block of
-//   output channels, so no two items write the same values.
+// Each first lists the nonzeros of x in the order its loop reads them:
+// - forward: per input position (CSR over the N*H*W positions); every output position sums
+//   v * w[i, j, c, :] over the nonzeros (c, v) its window reaches, in registers, a block of 64
+//   output channels at a time (32, 16 or 8 where 64 does not divide them), from the kernel
+//   repacked so that a block's rows are contiguous;
+// - kernel gradient: per (channel, stride phase, image, row); for each channel c and tap (i, j),
+//   dw[i, j, c, block] sums v * g[p, block] over the nonzeros the tap moves to output position p,
+//   in registers, a block of 128 bytes of output channels at a time, from the output gradient
+//   copied into a zero-padded layout that stays in cache while every channel and tap reads it (a
+//   band of rows of one image in L1, or several small images in L2) and needs no bounds checks.
 // The work is proportional to the nonzeros: with spikes (10-20% ones) a fraction of a dense
 // convolution's. Work items run on XLA's intra-op thread pool (parallel_chunks.h).
 #include <algorithm>
@@ -26,13 +29,17 @@ namespace ffi = xla::ffi;
 namespace snnjax {
 namespace {
 
+int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
+int64_t Mod(int64_t a, int64_t b) { return a - FloorDiv(a, b) * b; }
+
 struct Geometry {
   int64_t n, h, w, ci, kh, kw, co, ho, wo, sh, sw, ph, pw;
 };
 
-// The nonzeros of x [positions, ci] per position: start [positions + 1], channel, value.
+// The forward's view of x [positions, ci]: its nonzeros per position: start [positions + 1], channel, value.
 template <typename F>
-struct Nonzeros {
+struct PositionNonzeros {
   std::vector<int64_t> start;
   std::vector<int32_t> channel;
   std::vector<F> value;
@@ -41,7 +48,7 @@ struct Nonzeros {
 constexpr int64_t kRowsPerItem = 64;
 
 template <typename F>
-void ListNonzeros(ffi::ThreadPool& pool, const F* x, int64_t positions, int64_t ci, Nonzeros<F>& nz) {
+void ListPositionNonzeros(ffi::ThreadPool& pool, const F* x, int64_t positions, int64_t ci, PositionNonzeros<F>& nz) {
   const int64_t items = (positions + kRowsPerItem - 1) / kRowsPerItem;
   nz.start.assign(positions + 1, 0);
   ParallelChunks<F>(pool, items, 1, [&](int64_t item, F*) {
@@ -89,7 +96,7 @@ typename Lanes<F, B>::Vec Load(const F* p) {
 
 // Output rows (n, oy) [row0, row1), channels [co0, co0 + B); wp: w packed as [Co / B, kh, kw, Ci, B].
 template <typename F, int B>
-void ForwardItem(const Geometry& g, const Nonzeros<F>& nz, const F* wp, F* y, int64_t row0, int64_t row1,
+void ForwardItem(const Geometry& g, const PositionNonzeros<F>& nz, const F* wp, F* y, int64_t row0, int64_t row1,
                  int64_t co0) {
   using Vec = typename Lanes<F, B>::Vec;
   constexpr int L = Lanes<F, B>::kCount, V = B / L;
@@ -139,41 +146,160 @@ void ForwardItem(const Geometry& g, const Nonzeros<F>& nz, const F* wp, F* y, in
   }
 }
 
-// Tap (i, j) = divmod(tap, kw), channels [co0, co0 + B): d [Ci, B] (a contiguous block of the packed gradient).
-template <typename F, int B>
-void WeightGradItem(const Geometry& g, const Nonzeros<F>& nz, const F* gy, F* d, int64_t tap, int64_t co0) {
-  using Vec = typename Lanes<F, B>::Vec;
-  constexpr int L = Lanes<F, B>::kCount, V = B / L;
-  const int64_t i = tap / g.kw, j = tap % g.kw;
-  std::fill(d, d + g.ci * B, F(0));
-  const int32_t* ch = nz.channel.data();
-  const F* val = nz.value.data();
-  for (int64_t n = 0; n < g.n; ++n) {
-    for (int64_t oy = 0; oy < g.ho; ++oy) {
-      const int64_t iy = oy * g.sh - g.ph + i;
-      if (iy < 0 || iy >= g.h) continue;
-      for (int64_t ox = 0; ox < g.wo; ++ox) {
-        const int64_t ix = ox * g.sw - g.pw + j;
-        if (ix < 0 || ix >= g.w) continue;
-        const int64_t pos = (n * g.h + iy) * g.w + ix;
-        const int64_t begin = nz.start[pos], end = nz.start[pos + 1];
-        if (begin == end) continue;
-        Vec row[V];
-        const F* gp = gy + ((n * g.ho + oy) * g.wo + ox) * g.co + co0;
-#pragma GCC unroll 16
-        for (int q = 0; q < V; ++q) row[q] = Load<F, B>(gp + q * L);
-        for (int64_t k = begin; k < end; ++k) {
-          F* dc = d + ch[k] * B;
-          const F v = val[k];
-#pragma GCC unroll 16
-          for (int q = 0; q < V; ++q) {
-            const Vec sum = Load<F, B>(dc + q * L) + v * row[q];
-            __builtin_memcpy(dc + q * L, &sum, sizeof(sum));
+// The kernel gradient's view of x. Its output gradient is read in a padded layout: images of `rows` x `cols`
+// positions, the output's ho x wo with `top` rows and `left` columns of zeros before and enough after for every
+// tap, so that no tap needs a bounds check. Tap (i, j) reads only x's rows i - ph and columns j - pw modulo the
+// strides (a phase), and moves phase position (m, mx) of image n to padded position
+// (n * rows + m) * cols + mx + shift[i * kw + j].
+struct Padded {
+  int64_t top, left, rows, cols, phase_rows;
+  std::vector<int64_t> dy, shift;  // [kh * kw]: output row of phase row 0; the shift above
+
+  explicit Padded(const Geometry& g) : phase_rows(CeilDiv(g.h, g.sh)), dy(g.kh * g.kw), shift(g.kh * g.kw) {
+    int64_t y0 = 0, y1 = g.ho - 1, x0 = 0, x1 = g.wo - 1;  // the output rows / columns any tap reaches
+    for (int64_t i = 0; i < g.kh; ++i) {
+      y0 = std::min(y0, Shift(i, g.ph, g.sh));
+      y1 = std::max(y1, Shift(i, g.ph, g.sh) + CeilDiv(g.h - Mod(i - g.ph, g.sh), g.sh) - 1);
+    }
+    for (int64_t j = 0; j < g.kw; ++j) {
+      x0 = std::min(x0, Shift(j, g.pw, g.sw));
+      x1 = std::max(x1, Shift(j, g.pw, g.sw) + CeilDiv(g.w - Mod(j - g.pw, g.sw), g.sw) - 1);
+    }
+    top = -y0;
+    left = -x0;
+    rows = y1 - y0 + 1;
+    cols = x1 - x0 + 1;
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        dy[i * g.kw + j] = Shift(i, g.ph, g.sh);
+        shift[i * g.kw + j] = (top + Shift(i, g.ph, g.sh)) * cols + left + Shift(j, g.pw, g.sw);
+      }
+  }
+  // The output row (column) that tap k moves index 0 of its phase to: exact, the phase is k - pad modulo stride.
+  static int64_t Shift(int64_t k, int64_t pad, int64_t stride) { return (Mod(k - pad, stride) + pad - k) / stride; }
+};
+
+// x's nonzeros per (chunk of images, channel c, row phase rp, column phase cp, image n, phase row m), in column
+// order: an entry holds its padded position without the tap's shift, (n * rows + m) * cols + mx, and its value.
+// What one tap reads of a channel, over the images of a chunk or over rows of one image, is one contiguous run of
+// entries, and a chunk's entries are together in memory.
+template <typename F>
+struct ChannelNonzeros {
+  std::vector<int64_t> start;  // list (c, rp, cp, n, m) starts at start[Key(c, rp, cp, n, m)]
+  std::vector<uint32_t> where;
+  std::vector<F> value;
+  int64_t ci, sh, sw, chunk, phase_rows;
+  // From one channel's lists to the next within a chunk.
+  int64_t Channel() const { return sh * sw * chunk * phase_rows; }
+  int64_t Key(int64_t c, int64_t rp, int64_t cp, int64_t n, int64_t m) const {
+    return ((((n / chunk * ci + c) * sh + rp) * sw + cp) * chunk + n % chunk) * phase_rows + m;
+  }
+};
+
+template <typename F>
+void ListChannelNonzeros(ffi::ThreadPool& pool, const F* x, const Geometry& g, const Padded& pad,
+                         int64_t chunk, ChannelNonzeros<F>& nz) {
+  nz.ci = g.ci;
+  nz.sh = g.sh;
+  nz.sw = g.sw;
+  nz.chunk = chunk;
+  nz.phase_rows = pad.phase_rows;
+  const int64_t lists = CeilDiv(g.n, chunk) * g.ci * nz.Channel(), channel = nz.Channel();
+  nz.start.assign(lists + 1, 0);
+  int64_t* count = nz.start.data() + 1;
+  ParallelChunks<F>(pool, g.n, 1, [&](int64_t n, F*) {  // an image's lists are its own
+    for (int64_t iy = 0; iy < g.h; ++iy)
+      for (int64_t ix = 0; ix < g.w; ++ix) {
+        int64_t* list = count + nz.Key(0, iy % g.sh, ix % g.sw, n, iy / g.sh);
+        const F* xp = x + ((n * g.h + iy) * g.w + ix) * g.ci;
+        for (int64_t c = 0; c < g.ci; ++c) list[c * channel] += xp[c] != F(0);
+      }
+  });
+  for (int64_t k = 0; k < lists; ++k) nz.start[k + 1] += nz.start[k];
+  nz.where.resize(nz.start[lists]);
+  nz.value.resize(nz.start[lists]);
+  ParallelChunks<F>(pool, g.n, 1, [&](int64_t n, F*) {
+    for (int64_t iy = 0; iy < g.h; ++iy) {
+      // this row's cursor in each of its lists: (c, column phase)
+      std::vector<int64_t> next(g.ci * g.sw);
+      for (int64_t c = 0; c < g.ci; ++c)
+        for (int64_t cp = 0; cp < g.sw; ++cp) next[c * g.sw + cp] = nz.start[nz.Key(c, iy % g.sh, cp, n, iy / g.sh)];
+      for (int64_t ix = 0; ix < g.w; ++ix) {
+        const uint32_t at = static_cast<uint32_t>((n * pad.rows + iy / g.sh) * pad.cols + ix / g.sw);
+        int64_t* cursor = next.data() + ix % g.sw;
+        const F* xp = x + ((n * g.h + iy) * g.w + ix) * g.ci;
+        for (int64_t c = 0; c < g.ci; ++c) {
+          if (xp[c] != F(0)) {
+            const int64_t k = cursor[c * g.sw]++;
+            nz.where[k] = at;
+            nz.value[k] = xp[c];
           }
         }
       }
     }
-  }
+  });
+}
+
+// A pass of the kernel gradient: output rows [o0, o1) of images [n0, n1) (within one chunk of the lists), whose
+// padded rows from `first` on (counted from image 0) sit in the pass's buffer: either whole images (o0 = 0,
+// o1 = ho, their padding rows included: `band` false) or a band of rows of one image, without padding rows.
+struct Pass {
+  int64_t n0, n1, o0, o1, first;
+  bool band;
+};
+
+// Adds the pass's contribution to d [Ci, kh, kw, B], from gp: its output gradient for one block of B channels,
+// [rows of the pass, cols, B] (zero outside the output).
+template <typename F, int B>
+void WeightGradPass(const Geometry& g, const Padded& pad, const ChannelNonzeros<F>& nz, const Pass& pass,
+                    const F* gp, F* d) {
+  using Vec = typename Lanes<F, B>::Vec;
+  constexpr int L = Lanes<F, B>::kCount, V = B / L;
+  const int64_t taps = g.kh * g.kw, channel = nz.Channel();
+  std::vector<int64_t> k0(taps), k1(taps);  // each tap's run of entries, in channel 0's lists
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const int64_t t = i * g.kw + j, rp = Mod(i - g.ph, g.sh), cp = Mod(j - g.pw, g.sw);
+      // a band: the phase rows m that reach its output rows, m + dy in [o0, o1); whole images: every row (those
+      // the tap moves outside the output read padding)
+      const int64_t rows = CeilDiv(g.h - rp, g.sh);
+      const int64_t m0 = pass.band ? std::clamp<int64_t>(pass.o0 - pad.dy[t], 0, rows) : 0;
+      const int64_t m1 = pass.band ? std::clamp<int64_t>(pass.o1 - pad.dy[t], m0, rows) : rows;
+      k0[t] = nz.Key(0, rp, cp, pass.n0, m0);
+      k1[t] = nz.Key(0, rp, cp, pass.n1 - 1, m1);
+    }
+  const uint32_t* where = nz.where.data();
+  const F* value = nz.value.data();
+  for (int64_t c = 0; c < g.ci; ++c)
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t begin = nz.start[c * channel + k0[t]], end = nz.start[c * channel + k1[t]];  // runs of one chunk
+      if (begin == end) continue;
+      Vec a[V], e[V];  // two accumulators: independent add chains
+      for (int q = 0; q < V; ++q) a[q] = e[q] = Vec{};
+      const F* base = gp + (pad.shift[t] - pass.first * pad.cols) * B;
+      int64_t k = begin;
+      for (; k + 1 < end; k += 2) {
+        const F* g0 = base + int64_t(where[k]) * B;
+        const F* g1 = base + int64_t(where[k + 1]) * B;
+        const F v0 = value[k], v1 = value[k + 1];
+#pragma GCC unroll 16
+        for (int q = 0; q < V; ++q) {
+          a[q] += v0 * Load<F, B>(g0 + q * L);
+          e[q] += v1 * Load<F, B>(g1 + q * L);
+        }
+      }
+      if (k < end) {
+        const F* g0 = base + int64_t(where[k]) * B;
+#pragma GCC unroll 16
+        for (int q = 0; q < V; ++q) a[q] += value[k] * Load<F, B>(g0 + q * L);
+      }
+      F* dc = d + (c * taps + t) * B;
+#pragma GCC unroll 16
+      for (int q = 0; q < V; ++q) {
+        const Vec sum = Load<F, B>(dc + q * L) + a[q] + e[q];
+        __builtin_memcpy(dc + q * L, &sum, sizeof(sum));
+      }
+    }
 }
 
 Geometry MakeGeometry(ffi::Span<const int64_t> x, ffi::Span<const int64_t> w, ffi::Span<const int64_t> y,
@@ -197,7 +323,7 @@ void Dispatch(int64_t co, Args&&... args) {
 
 template <typename F, int B>
 struct ForwardAll {
-  static void Run(ffi::ThreadPool& pool, const Geometry& g, const Nonzeros<F>& nz, const F* w, F* y) {
+  static void Run(ffi::ThreadPool& pool, const Geometry& g, const PositionNonzeros<F>& nz, const F* w, F* y) {
     const int64_t rows = g.n * g.ho, blocks = g.co / B, taps_ci = g.kh * g.kw * g.ci;
     std::vector<F> packed(taps_ci * g.co);  // [blocks, kh, kw, Ci, B]: a block's kernel is contiguous
     for (int64_t t = 0; t < taps_ci; ++t)
@@ -213,20 +339,67 @@ struct ForwardAll {
   }
 };
 
+// Scratch is allocated kAlign values longer than it needs and used from its first 64-byte boundary: a block's
+// vectors then never straddle two cache lines.
+constexpr int64_t kAlign = 64;
+template <typename F>
+F* Aligned(F* p) {
+  return reinterpret_cast<F*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
 template <typename F, int B>
 struct WeightGradAll {
-  static void Run(ffi::ThreadPool& pool, const Geometry& g, const Nonzeros<F>& nz, const F* gy, F* dw) {
-    const int64_t blocks = g.co / B, taps = g.kh * g.kw;
-    std::vector<F> packed(taps * blocks * g.ci * B);  // [kh * kw, blocks, Ci, B]
-    ParallelChunks<F>(pool, taps * blocks, 1, [&](int64_t item, F*) {
-      WeightGradItem<F, B>(g, nz, gy, packed.data() + item * g.ci * B, item / blocks, (item % blocks) * B);
-    });
-    for (int64_t t = 0; t < taps; ++t)
-      for (int64_t c = 0; c < g.ci; ++c)
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          const F* src = packed.data() + ((t * blocks + blk) * g.ci + c) * B;
-          std::copy(src, src + B, dw + (t * g.ci + c) * g.co + blk * B);
+  static void Run(ffi::ThreadPool& pool, const Geometry& g, const Padded& pad, const F* x, const F* gy, F* dw) {
+    const int64_t blocks = g.co / B, taps = g.kh * g.kw, per_block = g.ci * taps * B;
+    // Passes whose output gradient stays in cache while every channel and tap reads it: an image's band of rows
+    // in L1 where a padded image is larger, else whole images in L2 (longer runs of entries).
+    constexpr int64_t kBandBytes = 20 << 10, kImagesBytes = 256 << 10;
+    const int64_t row_bytes = pad.cols * B * int64_t(sizeof(F)), image_bytes = pad.rows * row_bytes;
+    const bool bands = image_bytes > 32 << 10;
+    const int64_t band = std::clamp<int64_t>(kBandBytes / row_bytes, 1, g.ho);
+    const int64_t images = std::clamp<int64_t>(kImagesBytes / image_bytes, 1, g.n);
+    const int64_t buffer = bands ? band * pad.cols * B : images * pad.rows * pad.cols * B;
+    const int64_t chunk = bands ? 1 : images, chunks = CeilDiv(g.n, chunk);
+    ChannelNonzeros<F> nz;
+    ListChannelNonzeros(pool, x, g, pad, chunk, nz);
+    // chunks split into groups where there are few blocks, each group its own partial sums
+    const int64_t groups = std::clamp<int64_t>(CeilDiv(4 * pool.num_threads(), blocks), 1, chunks);
+    std::vector<F> partial(groups * blocks * per_block, F(0));  // [groups, blocks, Ci, kh, kw, B]
+    ParallelChunks<F>(pool, blocks * groups, buffer + kAlign, [&](int64_t item, F* scratch) {
+      F* gp = Aligned(scratch);
+      const int64_t blk = item / groups, grp = item % groups, co0 = blk * B;
+      F* d = partial.data() + (grp * blocks + blk) * per_block;
+      std::fill(gp, gp + buffer, F(0));  // what the copies below never write stays zero
+      auto run = [&](const Pass& pass) {
+        for (int64_t n = pass.n0; n < pass.n1; ++n)
+          for (int64_t oy = pass.o0; oy < pass.o1; ++oy)
+            for (int64_t ox = 0; ox < g.wo; ++ox)
+              std::copy_n(gy + ((n * g.ho + oy) * g.wo + ox) * g.co + co0, B,
+                          gp + ((n * pad.rows + pad.top + oy - pass.first) * pad.cols + pad.left + ox) * B);
+        WeightGradPass<F, B>(g, pad, nz, pass, gp, d);
+      };
+      for (int64_t k = chunks * grp / groups; k < chunks * (grp + 1) / groups; ++k) {
+        const int64_t n0 = k * chunk, n1 = std::min(g.n, n0 + chunk);
+        if (!bands) {
+          run({n0, n1, 0, g.ho, n0 * pad.rows, false});
+          continue;
         }
+        for (int64_t o0 = 0; o0 < g.ho; o0 += band) {
+          const int64_t o1 = std::min(g.ho, o0 + band);
+          run({n0, n1, o0, o1, n0 * pad.rows + pad.top + o0, true});
+        }
+      }
+    });
+    ParallelChunks<F>(pool, g.ci, 1, [&](int64_t c, F*) {
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          F* out = dw + (t * g.ci + c) * g.co + blk * B;
+          const F* src = partial.data() + (blk * g.ci + c) * taps * B + t * B;
+          std::copy_n(src, B, out);
+          for (int64_t grp = 1; grp < groups; ++grp)
+            for (int q = 0; q < B; ++q) out[q] += src[grp * blocks * per_block + q];
+        }
+    });
   }
 };
 
@@ -236,8 +409,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, f
   using F = ffi::NativeType<DT>;
   const Geometry g = MakeGeometry(x.dimensions(), w.dimensions(), y->dimensions(), sh, sw, ph, pw);
   if (g.co % 8) return ffi::Error::InvalidArgument("sparse conv: output channels must divide by 8");
-  Nonzeros<F> nz;
-  ListNonzeros(pool, x.typed_data(), g.n * g.h * g.w, g.ci, nz);
+  PositionNonzeros<F> nz;
+  ListPositionNonzeros(pool, x.typed_data(), g.n * g.h * g.w, g.ci, nz);
   Dispatch<F, ForwardAll, 64>(g.co, pool, g, nz, w.typed_data(), y->typed_data());
   return ffi::Error::Success();
 }
@@ -248,9 +421,10 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> g
   using F = ffi::NativeType<DT>;
   const Geometry g = MakeGeometry(x.dimensions(), dw->dimensions(), gy.dimensions(), sh, sw, ph, pw);
   if (g.co % 8) return ffi::Error::InvalidArgument("sparse conv: output channels must divide by 8");
-  Nonzeros<F> nz;
-  ListNonzeros(pool, x.typed_data(), g.n * g.h * g.w, g.ci, nz);
-  Dispatch<F, WeightGradAll, 64>(g.co, pool, g, nz, gy.typed_data(), dw->typed_data());
+  const Padded pad(g);
+  if (g.n * pad.rows * pad.cols >= (int64_t(1) << 32))
+    return ffi::Error::InvalidArgument("sparse conv: more than 2^32 padded positions");
+  Dispatch<F, WeightGradAll, 128 / sizeof(F)>(g.co, pool, g, pad, x.typed_data(), gy.typed_data(), dw->typed_data());
   return ffi::Error::Success();
 }
 
