@@ -1,17 +1,19 @@
 """A CPU convolution whose work scales with the input's nonzeros: for inputs that are spikes.
 
 A convolution after a spiking layer reads 0/1 spikes (or small counts, after a SEW ``ADD``), of which 3-20% are
-ones in the zoo's models. ``forward`` and ``weight_grad`` (``sparse_conv.cc``, an XLA FFI call) list each input
-position's nonzero channels, then sum only their products: the forward adds ``v * w[i, j, c, :]`` per nonzero
-``(c, v)`` into each output position's accumulators; the kernel gradient adds ``v * g[p, :]`` into
-``dw[i, j, c, :]``. The input gradient has no such saving (the output gradient is dense) and stays XLA's.
+ones in the zoo's models. ``forward`` and ``weight_grad`` (``sparse_conv.cc``, an XLA FFI call) list the input's
+nonzeros, then sum only their products: the forward adds ``v * w[i, j, c, :]`` per nonzero ``(c, v)`` of each
+input position into each output position's accumulators; the kernel gradient sums ``v * g[p, :]`` into
+``dw[i, j, c, :]`` per channel and tap, in registers, over a copy of the output gradient that stays in cache. The
+input gradient has no such saving (the output gradient is dense) and stays XLA's.
 
 Measured on the 2-core development CPU (AVX-512, float32, ``N*T = 32``, 3 x 3 kernels, stride 1; CPU ms of both
 cores against XLA's Eigen convolution, forward / kernel gradient, ``python -m snnjax.bench.conv --impls xla sparse
---density 0.15``): at 15% ones ``24 x 24, 256 -> 256`` 94 / 139 against 236 / 284, ``12 x 12, 512 -> 512`` 85 / 127
-against 233 / 226, ``48 x 48, 64 -> 128`` 61 / 106 against 136 / 167; the two cross near 30% ones (at 47%, an
-average-pooled spike map, 1.2-1.5x slower). So ``conv_cpu`` takes it
-when at most ``MAX_DENSITY`` of an input is nonzero, decided per call on the values (``lax.cond``).
+--density 0.15``): at 15% ones ``24 x 24, 256 -> 256`` 78 / 76 against 217 / 239, ``12 x 12, 512 -> 512`` 70 / 72
+against 212 / 212, ``48 x 48, 64 -> 128`` 64 / 59 against 125 / 151; all of CIFAR10DVSVGG's convolutions with
+their input gradients 1.25x faster than XLA's at 30% ones and level at 47% (an average-pooled spike map). So
+``conv_cpu`` takes it when at most ``MAX_DENSITY`` of an input is nonzero, decided per call on the values
+(``lax.cond``).
 
 The sums run in another order than XLA's (float32 results within 1e-6 of the largest output, float64 within
 1e-13 in the tests), and skip zeros exactly: a zero input times an infinite or NaN weight adds nothing here where a
@@ -30,7 +32,7 @@ import numpy as np
 
 from snnjax.cpp import build
 
-MAX_DENSITY = 0.25  # the largest fraction of nonzero inputs that takes this path (the crossover is near 0.3)
+MAX_DENSITY = 0.4  # the largest fraction of nonzero inputs that takes this path (the two are level near 0.45)
 # The fewest input channels it takes: with few nonzeros per position the kernel gradient reads the output gradient
 # once per tap for little work (CIFAR10DVSVGG's first convolution, 2 -> 64 channels at 15% ones: 26 CPU ms against
 # XLA's 7; 64 -> 128: 119 against 196).
