@@ -204,39 +204,50 @@ void ListChannelNonzeros(ffi::ThreadPool& pool, const F* x, const Geometry& g, c
   nz.sw = g.sw;
   nz.chunk = chunk;
   nz.phase_rows = pad.phase_rows;
-  const int64_t lists = CeilDiv(g.n, chunk) * g.ci * nz.Channel(), channel = nz.Channel();
+  const int64_t lists = CeilDiv(g.n, chunk) * g.ci * nz.Channel();
   nz.start.assign(lists + 1, 0);
-  int64_t* count = nz.start.data() + 1;
-  ParallelChunks<F>(pool, g.n, 1, [&](int64_t n, F*) {  // an image's lists are its own
+  // Each image's lists are one worker's, counted and then filled through a table of the image's own laid out
+  // [rp, cp, m, c]: channels innermost, where one position's lists lie a channel's stride apart.
+  const int64_t phases = g.sh * g.sw, table_size = phases * pad.phase_rows * g.ci;
+  auto table_row = [&](int64_t iy, int64_t ix) {
+    return (((iy % g.sh) * g.sw + ix % g.sw) * pad.phase_rows + iy / g.sh) * g.ci;
+  };
+  auto each_list = [&](int64_t n, auto fn) {  // fn(list key, table index)
+    const int64_t first = nz.Key(0, 0, 0, n, 0), phase_stride = nz.Key(0, 0, 1, 0, 0);  // (rp, cp) -> (rp, cp + 1)
+    for (int64_t c = 0; c < g.ci; ++c)
+      for (int64_t phase = 0; phase < phases; ++phase)
+        for (int64_t m = 0; m < pad.phase_rows; ++m)
+          fn(first + (c * phases + phase) * phase_stride + m, (phase * pad.phase_rows + m) * g.ci + c);
+  };
+  ParallelChunks<F>(pool, g.n, 1, [&](int64_t n, F*) {
+    std::vector<int64_t> count(table_size, 0);
     for (int64_t iy = 0; iy < g.h; ++iy)
       for (int64_t ix = 0; ix < g.w; ++ix) {
-        int64_t* list = count + nz.Key(0, iy % g.sh, ix % g.sw, n, iy / g.sh);
+        int64_t* row = count.data() + table_row(iy, ix);
         const F* xp = x + ((n * g.h + iy) * g.w + ix) * g.ci;
-        for (int64_t c = 0; c < g.ci; ++c) list[c * channel] += xp[c] != F(0);
+        for (int64_t c = 0; c < g.ci; ++c) row[c] += xp[c] != F(0);
       }
+    each_list(n, [&](int64_t key, int64_t at) { nz.start[key + 1] = count[at]; });
   });
   for (int64_t k = 0; k < lists; ++k) nz.start[k + 1] += nz.start[k];
   nz.where.resize(nz.start[lists]);
   nz.value.resize(nz.start[lists]);
   ParallelChunks<F>(pool, g.n, 1, [&](int64_t n, F*) {
-    for (int64_t iy = 0; iy < g.h; ++iy) {
-      // this row's cursor in each of its lists: (c, column phase)
-      std::vector<int64_t> next(g.ci * g.sw);
-      for (int64_t c = 0; c < g.ci; ++c)
-        for (int64_t cp = 0; cp < g.sw; ++cp) next[c * g.sw + cp] = nz.start[nz.Key(c, iy % g.sh, cp, n, iy / g.sh)];
+    std::vector<int64_t> next(table_size);  // each list's next entry
+    each_list(n, [&](int64_t key, int64_t at) { next[at] = nz.start[key]; });
+    for (int64_t iy = 0; iy < g.h; ++iy)
       for (int64_t ix = 0; ix < g.w; ++ix) {
         const uint32_t at = static_cast<uint32_t>((n * pad.rows + iy / g.sh) * pad.cols + ix / g.sw);
-        int64_t* cursor = next.data() + ix % g.sw;
+        int64_t* cursor = next.data() + table_row(iy, ix);
         const F* xp = x + ((n * g.h + iy) * g.w + ix) * g.ci;
         for (int64_t c = 0; c < g.ci; ++c) {
           if (xp[c] != F(0)) {
-            const int64_t k = cursor[c * g.sw]++;
+            const int64_t k = cursor[c]++;
             nz.where[k] = at;
             nz.value[k] = xp[c];
           }
         }
       }
-    }
   });
 }
 
