@@ -65,9 +65,8 @@ def test_matches_lax_under_jit_and_scan(x64, k, stride, padding):
     _close(tuple(a / 2 for a in summed), ref, 1e-13)
 
 
-# (input size, kernel, stride, padding): outputs smaller than the kernel (im2col forward, tap_conv's transpose for
-# the input gradient), then inputs smaller than the kernel with larger outputs (XLA's forward, the same input
-# gradient).
+# (input size, kernel, stride, padding): outputs smaller than the kernel (im2col forward, col2im input gradient),
+# then inputs smaller than the kernel with larger outputs (XLA's forward, col2im input gradient).
 TINY = [((2, 2), 3, 1, ((1, 1), (1, 1))), ((1, 3), 3, 1, ((1, 1), (1, 1))), ((3, 3), 3, 2, ((1, 1), (1, 1))),
         ((2, 2), 5, 1, ((2, 2), (2, 2))), ((4, 4), 3, 2, ((1, 1), (1, 1))), ((2, 2), 3, 1, ((2, 2), (2, 2))),
         ((2, 3), 3, 2, ((2, 1), (1, 2)))]
@@ -77,7 +76,7 @@ SINGLE = [((1, 1), 3, 1, ((1, 1), (1, 1))), ((2, 2), 3, 2, ((1, 1), (1, 1))), ((
 
 
 @pytest.mark.parametrize("size, k, stride, padding", TINY + SINGLE)
-def test_smaller_than_kernel_takes_im2col_or_taps(x64, size, k, stride, padding):
+def test_smaller_than_kernel_takes_im2col_col2im_or_taps(x64, size, k, stride, padding):
     x, w = _inputs(jnp.float64, size=size, k=k)
     strides = (stride, stride)
     single = conv_cpu._single_output(x.shape, w.shape, strides, padding)
@@ -87,24 +86,6 @@ def test_smaller_than_kernel_takes_im2col_or_taps(x64, size, k, stride, padding)
     ref = _vjp(lambda a, b: lax.conv_general_dilated(a, b, strides, padding, dimension_numbers=DN), x, w)
     _close(jax.jit(lambda x, w: _vjp(lambda a, b: conv_cpu.conv2d_nhwc(a, b, strides, padding), x, w))(x, w),
            ref, 1e-13)
-
-
-# Outputs at most TAP_INPUT_GRAD_MAX_OUTPUT wide, not smaller than the kernel: XLA's forward, tap_conv's transpose
-# for the input gradient (a ResNet's 4 x 4 stage; a stride-2 conv into it, uneven padding).
-SMALL = [((4, 4), 3, 1, ((1, 1), (1, 1))), ((8, 7), 3, 2, ((1, 1), (0, 1)))]
-
-
-@pytest.mark.parametrize("size, k, stride, padding", SMALL)
-def test_small_outputs_take_the_tap_input_gradient(x64, size, k, stride, padding):
-    x, w = _inputs(jnp.float64, size=size, k=k)
-    strides = (stride, stride)
-    assert max(conv_cpu._out_hw(x.shape, w.shape, strides, padding)) <= conv_cpu.TAP_INPUT_GRAD_MAX_OUTPUT
-    assert not conv_cpu._tiny_output(x.shape, w.shape, strides, padding)
-    grad = jax.jit(lambda g, w: conv_cpu.input_grad(g, w, x.shape, strides, padding))
-    y, pull = jax.vjp(lambda a: lax.conv_general_dilated(a, w, strides, padding, dimension_numbers=DN), x)
-    g = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape))
-    assert "conv_general_dilated" not in str(jax.make_jaxpr(grad)(g, w))  # the taps' matmuls
-    _close((grad(g, w),), pull(g), 1e-13)
 
 
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])

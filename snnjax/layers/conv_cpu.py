@@ -17,17 +17,15 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
   runs at matmul speed without materialising patches (2x faster than an im2col
   matmul, whose patches cost as much as the matmul);
 - forward with an output smaller than the kernel (a 2 x 2 image, 3 x 3 kernel):
-  im2col and one matmul, 13x faster than XLA's conv there;
-- the input gradient where the output is at most ``TAP_INPUT_GRAD_MAX_OUTPUT`` wide, or the input or output
-  smaller than the kernel: the transpose of ``tap_conv`` (a sum over the kernel taps that reach the input), which
-  never multiplies padding. XLA:CPU's conv made the backward of ResNet-18's stride-2 convs into its 2 x 2 and
-  1 x 1 stages 4-13x slower; against XLA's at N*T = 32 (2-core CPU, CPU ms): ``4 x 4``, 512 -> 512 channels
-  39 -> 31, ``2 x 2`` 11.1 -> 6.3, ``8 x 8 -> 4 x 4`` stride 2 16 -> 12; an ``8 x 8`` output is XLA's (5.8
-  against 6.8 ms for 128 channels);
-- a ``1 x 1`` output: ``tap_conv`` for the forward and both gradients (its transposes);
+  im2col and one matmul, 13x faster than XLA's conv there; the input gradient
+  with an input or output smaller than the kernel: the cotangent times the kernel
+  and the transposed windows (``col2im_input_grad``), where XLA:CPU's conv made
+  the backward 4-13x slower (ResNet-18's stride-2 convs into its 2 x 2 and 1 x 1 stages);
+- a ``1 x 1`` output: a sum over the kernel taps that reach the input (``tap_conv``),
+  forward and both gradients (its transposes): no products with padding;
 - an input of spikes (at most ``sparse_conv.MAX_DENSITY`` nonzero, decided per call with a ``lax.cond``): the
   forward and the weight gradient on ``sparse_conv``'s kernels, whose work scales with the nonzeros
-  (CIFAR10DVSVGG's train step 1.4x faster, SEW-ResNet-18's 1.15x); on one device only (``sparse_refusal``;
+  (CIFAR10DVSVGG's and SEW-ResNet-18's train steps 1.2-1.3x faster); on one device only (``sparse_refusal``;
   ``print(plan)`` says which convolutions take it).
 
 Steps that convolve on the CPU compile with ``compiler_options((state, dtype), platform)`` (the library's own
@@ -80,7 +78,6 @@ from snnjax.layers import sparse_conv
 from snnjax.parallel import conv_paths, logical
 
 _DN = ("NHWC", "HWIO", "NHWC")
-TAP_INPUT_GRAD_MAX_OUTPUT = 4  # the widest output whose input gradient is tap_conv's transpose
 Padding = str | Sequence[tuple[int, int]]
 
 # The YNNPACK fusion kinds XLA:CPU enables by default (jax 0.10), less its convolutions.
@@ -293,10 +290,11 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
     Returned in ``g``'s dtype, or float32 for lower-precision ``g``.
     """
     acc = _acc_dtype(g.dtype)
-    if (max(g.shape[1:3]) <= TAP_INPUT_GRAD_MAX_OUTPUT or _tiny_output(x_shape, w.shape, strides, padding)
-            or _tiny_input(x_shape, w.shape)):
+    if _single_output(x_shape, w.shape, strides, padding):
         return _transpose(functools.partial(tap_conv, w=w, strides=strides, padding=padding, precision=precision),
                           x_shape, g.astype(acc))
+    if _tiny_output(x_shape, w.shape, strides, padding) or _tiny_input(x_shape, w.shape):
+        return col2im_input_grad(g, w, x_shape, strides, padding, precision)
     pads = []
     for k, s, (lo, hi), size, out in zip(w.shape[:2], strides, padding, x_shape[1:3], g.shape[1:3],
                                          strict=True):
@@ -304,6 +302,25 @@ def input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tupl
     w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3).astype(g.dtype)
     return lax.conv_general_dilated(g, w_t, (1, 1), pads, lhs_dilation=strides, dimension_numbers=_DN,
                                    precision=precision, preferred_element_type=acc)
+
+
+def col2im_input_grad(g: jax.Array, w: jax.Array, x_shape: Sequence[int], strides: tuple[int, int],
+                      padding: Sequence[tuple[int, int]], precision=None) -> jax.Array:
+    """``dL/dx`` of ``im2col_conv``: the cotangent times the kernel (contracting ``C_out``), each tap's slice added
+    back at its strided window (the transpose of the windows).
+
+    For convolutions whose input or output is smaller than the kernel (a ResNet's last stage): there XLA:CPU swaps
+    the operands of the input-gradient convolution into a layout its Eigen runtime does not take and runs it on a
+    generic loop (SEW-ResNet-18's ``4 x 4 -> 2 x 2`` stride-2 conv, 256 -> 512 channels at N*T = 32, 2-core CPU:
+    its backward, both gradients, 69 ms there, 5.1 ms here).
+    """
+    kh, kw, ci, co = w.shape
+    acc = _acc_dtype(g.dtype)
+    patch_grad = lax.dot_general(g.astype(acc), w.reshape(kh * kw, ci, co).astype(acc), (((3,), (2,)), ((), ())),
+                                 precision=precision)  # [N, H_out, W_out, kh * kw, C_in]
+    windows = functools.partial(_windows, kh=kh, kw=kw, out_hw=g.shape[1:3], strides=strides, padding=padding)
+    (dx,) = jax.linear_transpose(windows, jax.ShapeDtypeStruct(tuple(x_shape), acc))(patch_grad)
+    return dx
 
 
 def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: tuple[int, int],
