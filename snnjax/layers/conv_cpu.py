@@ -25,7 +25,7 @@ convolutions (batch ``b``, spatial ``01``, features ``f``; kernel ``01io``):
   forward and both gradients (its transposes): no products with padding;
 - an input of spikes (at most ``sparse_conv.MAX_DENSITY`` nonzero, decided per call with a ``lax.cond``): the
   forward and the weight gradient on ``sparse_conv``'s kernels, whose work scales with the nonzeros
-  (CIFAR10DVSVGG's train step 1.4x faster, SEW-ResNet-18's 1.15x); on one device only (``sparse_refusal``;
+  (CIFAR10DVSVGG's train step 1.3-1.4x faster, SEW-ResNet-18's 1.15x); on one device only (``sparse_refusal``;
   ``print(plan)`` says which convolutions take it).
 
 Steps that convolve on the CPU compile with ``compiler_options((state, dtype), platform)`` (the library's own
