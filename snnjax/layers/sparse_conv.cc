@@ -94,6 +94,30 @@ typename Lanes<F, B>::Vec Load(const F* p) {
   return v;
 }
 
+// a += (and b +=, alternately: independent add chains) value[k] * rows[index[k] * B : +B] over the entries
+// [begin, end) of a list: both kernels' inner loop, a block of B channels in registers.
+template <typename F, int B, typename I>
+inline void SumRows(const F* rows, const I* index, const F* value, int64_t begin, int64_t end,
+                    typename Lanes<F, B>::Vec* a, typename Lanes<F, B>::Vec* b) {
+  constexpr int L = Lanes<F, B>::kCount, V = B / L;
+  int64_t k = begin;
+  for (; k + 1 < end; k += 2) {
+    const F* r0 = rows + int64_t(index[k]) * B;
+    const F* r1 = rows + int64_t(index[k + 1]) * B;
+    const F v0 = value[k], v1 = value[k + 1];
+#pragma GCC unroll 16
+    for (int q = 0; q < V; ++q) {
+      a[q] += v0 * Load<F, B>(r0 + q * L);
+      b[q] += v1 * Load<F, B>(r1 + q * L);
+    }
+  }
+  if (k < end) {
+    const F* r0 = rows + int64_t(index[k]) * B;
+#pragma GCC unroll 16
+    for (int q = 0; q < V; ++q) a[q] += value[k] * Load<F, B>(r0 + q * L);
+  }
+}
+
 // Output rows (n, oy) [row0, row1), channels [co0, co0 + B); wp: w packed as [Co / B, kh, kw, Ci, B].
 template <typename F, int B>
 void ForwardItem(const Geometry& g, const PositionNonzeros<F>& nz, const F* wp, F* y, int64_t row0, int64_t row1,
@@ -113,27 +137,8 @@ void ForwardItem(const Geometry& g, const PositionNonzeros<F>& nz, const F* wp, 
           const int64_t ix = ox * g.sw - g.pw + j;
           if (ix < 0 || ix >= g.w) continue;
           const int64_t pos = (n * g.h + iy) * g.w + ix;
-          const F* tap = wb + (i * g.kw + j) * g.ci * B;
-          const int32_t* ch = nz.channel.data();
-          const F* val = nz.value.data();
-          int64_t k = nz.start[pos];
-          const int64_t end = nz.start[pos + 1];
-          for (; k + 1 < end; k += 2) {
-            const F* w0 = tap + ch[k] * B;
-            const F* w1 = tap + ch[k + 1] * B;
-            const F v0 = val[k], v1 = val[k + 1];
-#pragma GCC unroll 16
-            for (int q = 0; q < V; ++q) {
-              a[q] += v0 * Load<F, B>(w0 + q * L);
-              b[q] += v1 * Load<F, B>(w1 + q * L);
-            }
-          }
-          if (k < end) {
-            const F* w0 = tap + ch[k] * B;
-            const F v0 = val[k];
-#pragma GCC unroll 16
-            for (int q = 0; q < V; ++q) a[q] += v0 * Load<F, B>(w0 + q * L);
-          }
+          SumRows<F, B>(wb + (i * g.kw + j) * g.ci * B, nz.channel.data(), nz.value.data(), nz.start[pos],
+                        nz.start[pos + 1], a, b);
         }
       }
       F* out = y + (r * g.wo + ox) * g.co + co0;
@@ -279,31 +284,14 @@ void WeightGradPass(const Geometry& g, const Padded& pad, const ChannelNonzeros<
       k0[t] = nz.Key(0, rp, cp, pass.n0, m0);
       k1[t] = nz.Key(0, rp, cp, pass.n1 - 1, m1);
     }
-  const uint32_t* where = nz.where.data();
-  const F* value = nz.value.data();
   for (int64_t c = 0; c < g.ci; ++c)
     for (int64_t t = 0; t < taps; ++t) {
       const int64_t begin = nz.start[c * channel + k0[t]], end = nz.start[c * channel + k1[t]];  // runs of one chunk
       if (begin == end) continue;
       Vec a[V], e[V];  // two accumulators: independent add chains
       for (int q = 0; q < V; ++q) a[q] = e[q] = Vec{};
-      const F* base = gp + (pad.shift[t] - pass.first * pad.cols) * B;
-      int64_t k = begin;
-      for (; k + 1 < end; k += 2) {
-        const F* g0 = base + int64_t(where[k]) * B;
-        const F* g1 = base + int64_t(where[k + 1]) * B;
-        const F v0 = value[k], v1 = value[k + 1];
-#pragma GCC unroll 16
-        for (int q = 0; q < V; ++q) {
-          a[q] += v0 * Load<F, B>(g0 + q * L);
-          e[q] += v1 * Load<F, B>(g1 + q * L);
-        }
-      }
-      if (k < end) {
-        const F* g0 = base + int64_t(where[k]) * B;
-#pragma GCC unroll 16
-        for (int q = 0; q < V; ++q) a[q] += value[k] * Load<F, B>(g0 + q * L);
-      }
+      SumRows<F, B>(gp + (pad.shift[t] - pass.first * pad.cols) * B, nz.where.data(), nz.value.data(), begin, end,
+                    a, e);
       F* dc = d + (c * taps + t) * B;
 #pragma GCC unroll 16
       for (int q = 0; q < V; ++q) {
