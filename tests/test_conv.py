@@ -255,16 +255,21 @@ def test_sparse_kernels_only_where_they_apply(x64):
 
 
 def test_plan_says_which_path_runs_the_convolutions():
-    """``print(plan)`` names the convolutions' path: the sparse kernels on one device, XLA's under a split layout
-    and why; the step compiled under each agrees (tests/helpers' three-step layouts count the calls too)."""
+    """``print(plan)`` names the convolutions' and the linear layers' path: the sparse kernels on one device, XLA's
+    under a split layout and why; the step compiled under each agrees (tests/helpers' three-step layouts count the
+    calls too)."""
     model = CIFAR10DVSVGG(widths=(32,) * 8, image_size=16, rngs=nnx.Rngs(0))
     one = parallel.plan(model, 1, input_shape=(2, 8, 16, 16, 2))
-    assert [(r["path"], r["layers"]) for r in one.convolutions] == [("xla", 1), ("sparse", 5), ("xla", 2)]
+    assert [(r["kind"], r["path"], r["layers"]) for r in one.convolutions] == [
+        ("convolutions", "xla", 1), ("convolutions", "sparse", 5), ("convolutions", "xla", 2),
+        ("linear layers", "xla", 1)]
     assert "convolutions (1 layer): xla: the sparse kernels take float32 / float64, at least 32 input" in str(one)
     assert "convolutions (5 layers): sparse: sparse-input kernels where at most 40% of the input" in str(one)
     assert "convolutions (2 layers): xla: the output is smaller than the kernel" in str(one)  # 2 x 2 maps last
+    assert "linear layers (1 layer): xla: the sparse kernels take float32 / float64, at least 32 input" in str(one)
     dp = parallel.plan(model, 8, mode="dp", input_shape=(2, 8, 16, 16, 2))
     assert "convolutions (8 layers): xla: the layout spans 8 devices" in str(dp)
+    assert "linear layers (1 layer): xla: the layout spans 8 devices" in str(dp)
     assert dp.as_dict()["convolutions"] == dp.convolutions
     pp = parallel.plan(model, jax.make_mesh((2,), ("stage",), devices=jax.devices()[:2]), mode="pp",
                        global_batch_size=8, input_shape=(2, 8, 16, 16, 2))  # its trace leaves stage out
@@ -317,3 +322,61 @@ def test_linear_merges_leading_dims_equal_to_nnx_and_no_transposed_copy(x64):
     step = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(nnx.merge(graph, p)(x)))),
                    compiler_options=conv_cpu.compiler_options(xs, "cpu"))
     assert "f32[48,40]" not in step.lower(params, xs).compile().as_text()
+
+
+def _matmul_calls(f, *args) -> int:
+    """How many of the sparse matmul's FFI calls ``f`` traces to (inside their ``cond`` branches)."""
+    return str(jax.make_jaxpr(lambda *a: f(*a))(*args)).count("SnnSparseMatmul")
+
+
+# (rows, C_in, C_out): rows and channels that fill no work item evenly; blocks of 8, 16 and 64 output columns.
+MATMUL = [(40, 64, 48), (7, 33, 8), (130, 96, 200), (300, 40, 128)]
+
+
+@pytest.mark.parametrize("rows, cin, cout", MATMUL)
+def test_sparse_matmul_matches_lax(x64, rows, cin, cout):
+    """``sparse_conv``'s matmul and its kernel gradient against XLA's dot, float64 (1e-13) and float32 (1e-6 of the
+    largest value), on spikes and on signed counts, with rows and columns of zeros only."""
+    for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 1e-6)):
+        for values in ((1.0,), (1.0, 2.0, -0.5)):
+            x = _spikes((rows, cin), 0.2, dtype, values=values).at[1].set(0).at[:, 2].set(0)
+            w = jnp.asarray(np.random.default_rng(2).standard_normal((cin, cout)), dtype)
+            g = jnp.asarray(np.random.default_rng(3).standard_normal((rows, cout)), dtype)
+            _close((sparse_conv.matmul(x, w), sparse_conv.matmul_weight_grad(x, g)), (x @ w, x.T @ g), tol)
+
+
+def test_linear_layers_take_the_sparse_matmul_by_density(x64):
+    """``Linear`` / ``linear_general`` layers on one device run the sparse matmul for the forward and the kernel
+    gradient where at most ``MAX_DENSITY`` of the input is nonzero (bitwise that path's), XLA's dot otherwise; both
+    equal nnx's layers. None under a split layout, for too few inputs, within ``sparse_inputs(False)`` or for a
+    contraction other than a linear layer's."""
+    for dtype, tol in ((jnp.float64, 1e-13), (jnp.float32, 1e-6)):
+        ours = layers.linear(64, 48, rngs=nnx.Rngs(0), param_dtype=dtype)
+        ref = nnx.Linear(64, 48, rngs=nnx.Rngs(0), param_dtype=dtype)
+        ref.kernel[...], ref.bias[...] = ours.kernel[...], ours.bias[...]
+        for density in (0.1, 0.35, 0.6):
+            x = _spikes((3, 5, 64), density, dtype, values=(1.0, 2.0))
+            (y, gx, gp), (ry, rgx, rgp) = _layer_grads(ours, x), _layer_grads(ref, x)
+            _close((y, gx, gp["kernel"][...], gp["bias"][...]), (ry, rgx, rgp["kernel"][...], rgp["bias"][...]), tol)
+            if density <= sparse_conv.MAX_DENSITY:
+                x2 = x.reshape(15, 64)
+                g = jnp.cos(jnp.arange(y.size, dtype=jnp.float32)).astype(dtype).reshape(15, 48)  # _layer_grads'
+                np.testing.assert_array_equal(np.asarray(y), np.asarray(
+                    (sparse_conv.matmul(x2, ours.kernel[...]) + ours.bias[...]).reshape(y.shape)))
+                np.testing.assert_array_equal(np.asarray(gp["kernel"][...]),
+                                              np.asarray(sparse_conv.matmul_weight_grad(x2, g)))
+
+    x = _spikes((3, 5, 64), 0.1, jnp.float32)
+    f = lambda m, x: m(x)  # noqa: E731
+    assert _matmul_calls(f, ours, x) == 1
+    assert _matmul_calls(lambda m, x: jax.grad(lambda m: jnp.sum(m(x)))(m), ours, x) == 2
+    general = layers.linear_general(64, (2, 8), rngs=nnx.Rngs(0))
+    assert _matmul_calls(f, general, x) == 1
+    assert _matmul_calls(f, layers.linear_general((4, 16), 8, rngs=nnx.Rngs(0)), x.reshape(3, 5, 4, 16)) == 1
+    with activation_rules(jax.make_mesh((8,), ("data",)), {"batch": "data"}):
+        assert _matmul_calls(f, ours, x) == 0
+    with conv_cpu.sparse_inputs(False):
+        assert _matmul_calls(f, ours, x) == 0
+    assert _matmul_calls(f, layers.linear(16, 48, rngs=nnx.Rngs(0)), x[..., :16]) == 0
+    batched = lambda x, w: layers.linear_cpu.dot_general(x, w, (((2,), (1,)), ((0,), (0,))))  # noqa: E731
+    assert _matmul_calls(batched, x, jnp.ones((3, 64, 8))) == 0

@@ -20,6 +20,8 @@ On the CPU backend ``Conv2d`` convolves with ``conv_cpu.conv2d_nhwc``, whose
 backward avoids XLA:CPU's slow convolution gradients (catastrophic inside
 ``lax.scan``) and whose forward and weight gradient skip the zeros of a spike input (``sparse_conv``); on other
 backends it is ``lax.conv_general_dilated`` as in ``nnx.Conv``.
+``Linear`` and ``linear_general``'s layers multiply with ``linear_cpu.dot_general``: on the CPU backend the
+sparse-input matmul for spikes, elsewhere ``lax.dot_general``.
 
 Within ``observe_inputs(fn)`` every call of a ``Conv2d`` or ``Linear`` (what ``conv2d`` / ``linear`` build) also
 hands ``(layer, inputs)`` to ``fn``, as neurons hand their spikes to ``snnjax.neurons.modules.observe``:
@@ -35,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from snnjax.layers import conv_cpu
+from snnjax.layers import conv_cpu, linear_cpu
 from snnjax.parallel.logical import ACTIVATION_AXES, annotate, annotate_layer, shards
 
 Axes = Sequence[str | None] | None
@@ -63,7 +65,13 @@ def _report_input(layer: nnx.Module, inputs: jax.Array) -> None:
 
 class Linear(nnx.Linear):
     """``nnx.Linear`` whose calls ``observe_inputs`` sees; ``[..., in] -> [..., out]`` as one ``[rows, in]`` matmul
-    where no device split stands in the way (``_merges_leading_dims``)."""
+    where no device split stands in the way (``_merges_leading_dims``).
+
+    ``dot_general`` defaults to ``linear_cpu.dot_general`` (the sparse-input matmul for spikes on the CPU backend).
+    """
+
+    def __init__(self, *args, dot_general=linear_cpu.dot_general, **kwargs):
+        super().__init__(*args, dot_general=dot_general, **kwargs)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         _report_input(self, inputs)
@@ -158,7 +166,8 @@ class WSLinear(_WeightStandardized, Linear):
     def _project(self, x: jax.Array) -> jax.Array:
         w = self.standardized_kernel()
         dtype = self.dtype or jnp.result_type(x, w)
-        y = x.astype(dtype) @ w.astype(dtype)
+        y = self.dot_general(x.astype(dtype), w.astype(dtype), (((x.ndim - 1,), (0,)), ((), ())),
+                             precision=self.precision)
         return y if self.bias is None else y + self.bias[...].astype(dtype)
 
 
@@ -231,7 +240,7 @@ def linear_general(in_features: int | tuple[int, ...], out_features: int | tuple
     if param_dtype is not None:
         kwargs["param_dtype"] = param_dtype
     layer = nnx.LinearGeneral(in_features, out_features, axis=tuple(range(-len(in_features), 0)),
-                              use_bias=use_bias, dtype=dtype, rngs=rngs, **kwargs)
+                              use_bias=use_bias, dtype=dtype, rngs=rngs, dot_general=linear_cpu.dot_general, **kwargs)
     return annotate_layer(layer, axes) if axes is not None else layer
 
 

@@ -212,11 +212,16 @@ def _sparse_or_dense(x, w, strides, padding, precision, out_dtype, sparse):
     """``(y, takes_sparse)``: ``takes_sparse`` a traced bool, or None where ``sparse`` is off."""
     if not sparse:
         return _forward(x, w, strides, padding, precision, out_dtype), None
-    takes = jnp.mean(x != 0, dtype=jnp.float32) <= sparse_conv.MAX_DENSITY
+    takes = takes_sparse(x)
     out_hw = _out_hw(x.shape, w.shape, strides, padding)
     y = lax.cond(takes, lambda x, w: sparse_conv.forward(x, w, out_hw, strides, padding),
                  lambda x, w: _forward(x, w, strides, padding, precision, out_dtype), x, w)
     return y, takes
+
+
+def takes_sparse(x: jax.Array) -> jax.Array:
+    """Whether the sparse kernels take an op on ``x``: at most ``sparse_conv.MAX_DENSITY`` of it nonzero (traced)."""
+    return jnp.mean(x != 0, dtype=jnp.float32) <= sparse_conv.MAX_DENSITY
 
 
 def _fwd(x, w, strides, padding, precision, out_dtype, sparse):

@@ -1,8 +1,10 @@
-// A 2-D convolution that skips the zeros of its input (spikes), for XLA:CPU through the FFI.
+// A 2-D convolution and a matmul that skip the zeros of their input (spikes), for XLA:CPU through the FFI.
 //
 // SnnSparseConvForward{F32,F64}(x [N, H, W, Ci], w [kh, kw, Ci, Co]) -> y [N, Ho, Wo, Co]
 // SnnSparseConvWeightGrad{F32,F64}(x [N, H, W, Ci], g [N, Ho, Wo, Co]) -> dw [kh, kw, Ci, Co]
 // attributes: stride_h, stride_w, pad_h, pad_w (leading padding; the output shape sets the rest).
+// SnnSparseMatmul{F32,F64}(x [rows, Ci], w [Ci, Co]) -> y [rows, Co]
+// SnnSparseMatmulWeightGrad{F32,F64}(x [rows, Ci], g [rows, Co]) -> dw [Ci, Co]
 //
 // Each first lists the nonzeros of x in the order its loop reads them:
 // - forward: per input position (CSR over the N*H*W positions); every output position sums
@@ -15,7 +17,8 @@
 //   copied into a zero-padded layout that stays in cache while every channel and tap reads it (a
 //   band of rows of one image in L1, or several small images in L2) and needs no bounds checks.
 // The work is proportional to the nonzeros: with spikes (10-20% ones) a fraction of a dense
-// convolution's. Work items run on XLA's intra-op thread pool (parallel_chunks.h).
+// convolution's. The matmul's forward sums a row's nonzeros' rows of w, its kernel gradient lists the nonzeros
+// per column (below). Work items run on XLA's intra-op thread pool (parallel_chunks.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -94,16 +97,16 @@ typename Lanes<F, B>::Vec Load(const F* p) {
   return v;
 }
 
-// a += (and b +=, alternately: independent add chains) value[k] * rows[index[k] * B : +B] over the entries
-// [begin, end) of a list: both kernels' inner loop, a block of B channels in registers.
+// a += (and b +=, alternately: independent add chains) value[k] * rows[index[k] * stride : +B] over the entries
+// [begin, end) of a list: every kernel's inner loop, a block of B channels in registers.
 template <typename F, int B, typename I>
-inline void SumRows(const F* rows, const I* index, const F* value, int64_t begin, int64_t end,
+inline void SumRows(const F* rows, int64_t stride, const I* index, const F* value, int64_t begin, int64_t end,
                     typename Lanes<F, B>::Vec* a, typename Lanes<F, B>::Vec* b) {
   constexpr int L = Lanes<F, B>::kCount, V = B / L;
   int64_t k = begin;
   for (; k + 1 < end; k += 2) {
-    const F* r0 = rows + int64_t(index[k]) * B;
-    const F* r1 = rows + int64_t(index[k + 1]) * B;
+    const F* r0 = rows + int64_t(index[k]) * stride;
+    const F* r1 = rows + int64_t(index[k + 1]) * stride;
     const F v0 = value[k], v1 = value[k + 1];
 #pragma GCC unroll 16
     for (int q = 0; q < V; ++q) {
@@ -112,9 +115,20 @@ inline void SumRows(const F* rows, const I* index, const F* value, int64_t begin
     }
   }
   if (k < end) {
-    const F* r0 = rows + int64_t(index[k]) * B;
+    const F* r0 = rows + int64_t(index[k]) * stride;
 #pragma GCC unroll 16
     for (int q = 0; q < V; ++q) a[q] += value[k] * Load<F, B>(r0 + q * L);
+  }
+}
+
+// out[0 : B] = a + b.
+template <typename F, int B>
+inline void StoreSum(F* out, const typename Lanes<F, B>::Vec* a, const typename Lanes<F, B>::Vec* b) {
+  constexpr int L = Lanes<F, B>::kCount, V = B / L;
+#pragma GCC unroll 16
+  for (int q = 0; q < V; ++q) {
+    const typename Lanes<F, B>::Vec sum = a[q] + b[q];
+    __builtin_memcpy(out + q * L, &sum, sizeof(sum));
   }
 }
 
@@ -123,7 +137,7 @@ template <typename F, int B>
 void ForwardItem(const Geometry& g, const PositionNonzeros<F>& nz, const F* wp, F* y, int64_t row0, int64_t row1,
                  int64_t co0) {
   using Vec = typename Lanes<F, B>::Vec;
-  constexpr int L = Lanes<F, B>::kCount, V = B / L;
+  constexpr int V = B / Lanes<F, B>::kCount;
   const F* wb = wp + (co0 / B) * g.kh * g.kw * g.ci * B;
   for (int64_t r = row0; r < row1; ++r) {
     const int64_t n = r / g.ho, oy = r % g.ho;
@@ -137,16 +151,11 @@ void ForwardItem(const Geometry& g, const PositionNonzeros<F>& nz, const F* wp, 
           const int64_t ix = ox * g.sw - g.pw + j;
           if (ix < 0 || ix >= g.w) continue;
           const int64_t pos = (n * g.h + iy) * g.w + ix;
-          SumRows<F, B>(wb + (i * g.kw + j) * g.ci * B, nz.channel.data(), nz.value.data(), nz.start[pos],
+          SumRows<F, B>(wb + (i * g.kw + j) * g.ci * B, B, nz.channel.data(), nz.value.data(), nz.start[pos],
                         nz.start[pos + 1], a, b);
         }
       }
-      F* out = y + (r * g.wo + ox) * g.co + co0;
-#pragma GCC unroll 16
-      for (int q = 0; q < V; ++q) {
-        const Vec sum = a[q] + b[q];
-        __builtin_memcpy(out + q * L, &sum, sizeof(sum));
-      }
+      StoreSum<F, B>(y + (r * g.wo + ox) * g.co + co0, a, b);
     }
   }
 }
@@ -290,7 +299,7 @@ void WeightGradPass(const Geometry& g, const Padded& pad, const ChannelNonzeros<
       if (begin == end) continue;
       Vec a[V], e[V];  // two accumulators: independent add chains
       for (int q = 0; q < V; ++q) a[q] = e[q] = Vec{};
-      SumRows<F, B>(gp + (pad.shift[t] - pass.first * pad.cols) * B, nz.where.data(), nz.value.data(), begin, end,
+      SumRows<F, B>(gp + (pad.shift[t] - pass.first * pad.cols) * B, B, nz.where.data(), nz.value.data(), begin, end,
                     a, e);
       F* dc = d + (c * taps + t) * B;
 #pragma GCC unroll 16
@@ -402,6 +411,79 @@ struct WeightGradAll {
   }
 };
 
+// The sparse-input matmul, a linear layer on spikes: x [rows, ci] times w [ci, co]. Both its kernels sum lists of
+// x's nonzeros: out[l, block] = sum of v * rows[i, block] over list l's entries (i, v), a block of B columns in
+// registers, read straight from `rows` (co wide: a block of one of its rows is contiguous). The forward's lists are
+// x's rows (PositionNonzeros, a row per position) over w's rows; the kernel gradient's are x's columns
+// (ColumnNonzeros) over g's rows. Work items own a block and a run of lists; consecutive items share a block, whose
+// column of `rows` stays in cache.
+template <typename F, int B>
+struct SumListsAll {
+  template <typename I>
+  static void Run(ffi::ThreadPool& pool, int64_t lists, int64_t co, const int64_t* start, const I* index,
+                  const F* value, const F* rows, F* out) {
+    using Vec = typename Lanes<F, B>::Vec;
+    constexpr int V = B / Lanes<F, B>::kCount;
+    const int64_t per_item = std::clamp<int64_t>(lists / 8, 1, 32), list_items = CeilDiv(lists, per_item);
+    ParallelChunks<F>(pool, list_items * (co / B), 1, [&](int64_t item, F*) {
+      const int64_t co0 = item / list_items * B, l0 = item % list_items * per_item;
+      for (int64_t l = l0; l < std::min(lists, l0 + per_item); ++l) {
+        Vec a[V], b[V];
+        for (int q = 0; q < V; ++q) a[q] = b[q] = Vec{};
+        SumRows<F, B>(rows + co0, co, index, value, start[l], start[l + 1], a, b);
+        StoreSum<F, B>(out + l * co + co0, a, b);
+      }
+    });
+  }
+};
+
+// The kernel gradient's view of x [rows, ci]: its nonzeros per column, in row order: start [ci + 1], row, value.
+template <typename F>
+struct ColumnNonzeros {
+  std::vector<int64_t> start;
+  std::vector<int32_t> row;
+  std::vector<F> value;
+};
+
+// Ranges of rows, each counted and then filled by one worker through its own cursors (its part of every list).
+template <typename F>
+void ListColumnNonzeros(ffi::ThreadPool& pool, const F* x, int64_t rows, int64_t ci, ColumnNonzeros<F>& nz) {
+  const int64_t ranges = std::clamp<int64_t>(rows / kRowsPerItem, 1, 4 * pool.num_threads());
+  std::vector<int64_t> cursor(ranges * ci, 0);  // [range, c]: its count, then where its next entry goes
+  auto each_row = [&](int64_t range, auto fn) {
+    for (int64_t r = rows * range / ranges; r < rows * (range + 1) / ranges; ++r) fn(r, x + r * ci);
+  };
+  ParallelChunks<F>(pool, ranges, 1, [&](int64_t range, F*) {
+    int64_t* count = cursor.data() + range * ci;
+    each_row(range, [&](int64_t, const F* xr) {
+      for (int64_t c = 0; c < ci; ++c) count[c] += xr[c] != F(0);
+    });
+  });
+  nz.start.assign(ci + 1, 0);
+  for (int64_t c = 0, total = 0; c < ci; ++c) {
+    for (int64_t range = 0; range < ranges; ++range) {
+      const int64_t count = cursor[range * ci + c];
+      cursor[range * ci + c] = total;
+      total += count;
+    }
+    nz.start[c + 1] = total;
+  }
+  nz.row.resize(nz.start[ci]);
+  nz.value.resize(nz.start[ci]);
+  ParallelChunks<F>(pool, ranges, 1, [&](int64_t range, F*) {
+    int64_t* next = cursor.data() + range * ci;
+    each_row(range, [&](int64_t r, const F* xr) {
+      for (int64_t c = 0; c < ci; ++c) {
+        if (xr[c] != F(0)) {
+          const int64_t k = next[c]++;
+          nz.row[k] = static_cast<int32_t>(r);
+          nz.value[k] = xr[c];
+        }
+      }
+    });
+  });
+}
+
 template <ffi::DataType DT>
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ffi::ResultBuffer<DT> y,
                    int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
@@ -427,6 +509,31 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> g
   return ffi::Error::Success();
 }
 
+template <ffi::DataType DT>
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> w, ffi::ResultBuffer<DT> y) {
+  using F = ffi::NativeType<DT>;
+  const int64_t rows = x.dimensions()[0], ci = x.dimensions()[1], co = w.dimensions()[1];
+  if (co % 8) return ffi::Error::InvalidArgument("sparse matmul: output columns must divide by 8");
+  PositionNonzeros<F> nz;
+  ListPositionNonzeros(pool, x.typed_data(), rows, ci, nz);
+  Dispatch<F, SumListsAll, 64>(co, pool, rows, co, nz.start.data(), nz.channel.data(), nz.value.data(),
+                               w.typed_data(), y->typed_data());
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType DT>
+ffi::Error MatmulWeightGrad(ffi::ThreadPool pool, ffi::Buffer<DT> x, ffi::Buffer<DT> g, ffi::ResultBuffer<DT> dw) {
+  using F = ffi::NativeType<DT>;
+  const int64_t rows = x.dimensions()[0], ci = x.dimensions()[1], co = g.dimensions()[1];
+  if (co % 8) return ffi::Error::InvalidArgument("sparse matmul: output columns must divide by 8");
+  if (rows >= (int64_t(1) << 31)) return ffi::Error::InvalidArgument("sparse matmul: 2^31 rows or more");
+  ColumnNonzeros<F> nz;
+  ListColumnNonzeros(pool, x.typed_data(), rows, ci, nz);
+  Dispatch<F, SumListsAll, 64>(co, pool, ci, co, nz.start.data(), nz.row.data(), nz.value.data(), g.typed_data(),
+                               dw->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace snnjax
 
@@ -447,3 +554,13 @@ SNN_SPARSE_CONV_HANDLER(SnnSparseConvForwardF32, snnjax::Forward, ffi::F32)
 SNN_SPARSE_CONV_HANDLER(SnnSparseConvForwardF64, snnjax::Forward, ffi::F64)
 SNN_SPARSE_CONV_HANDLER(SnnSparseConvWeightGradF32, snnjax::WeightGrad, ffi::F32)
 SNN_SPARSE_CONV_HANDLER(SnnSparseConvWeightGradF64, snnjax::WeightGrad, ffi::F64)
+// The matmul's handlers take (x, w or g) and return one buffer.
+#define SNN_SPARSE_MATMUL_HANDLER(NAME, FN, DT)                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                    \
+      NAME, FN<DT>,                                                                                 \
+      ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<DT>>().Ret<ffi::Buffer<DT>>());
+
+SNN_SPARSE_MATMUL_HANDLER(SnnSparseMatmulF32, snnjax::Matmul, ffi::F32)
+SNN_SPARSE_MATMUL_HANDLER(SnnSparseMatmulF64, snnjax::Matmul, ffi::F64)
+SNN_SPARSE_MATMUL_HANDLER(SnnSparseMatmulWeightGradF32, snnjax::MatmulWeightGrad, ffi::F32)
+SNN_SPARSE_MATMUL_HANDLER(SnnSparseMatmulWeightGradF64, snnjax::MatmulWeightGrad, ffi::F64)

@@ -1,4 +1,4 @@
-"""A CPU convolution whose work scales with the input's nonzeros: for inputs that are spikes.
+"""A CPU convolution and matmul whose work scales with the input's nonzeros: for inputs that are spikes.
 
 A convolution after a spiking layer reads 0/1 spikes (or small counts, after a SEW ``ADD``), of which 3-20% are
 ones in the zoo's models. ``forward`` and ``weight_grad`` (``sparse_conv.cc``, an XLA FFI call) list the input's
@@ -14,6 +14,10 @@ against 212 / 212, ``48 x 48, 64 -> 128`` 64 / 59 against 125 / 151; all of CIFA
 their input gradients 1.25x faster than XLA's at 30% ones and level at 47% (an average-pooled spike map). So
 ``conv_cpu`` takes it when at most ``MAX_DENSITY`` of an input is nonzero, decided per call on the values
 (``lax.cond``).
+
+``matmul`` / ``matmul_weight_grad`` are the same for a linear layer (``x [rows, C_in] @ w [C_in, C_out]``): the
+forward sums each row's nonzeros' kernel rows, the kernel gradient lists the nonzeros per input column and sums
+``v * g[r, :]`` over them; ``linear_cpu`` takes them under the same rule.
 
 The sums run in another order than XLA's (float32 results within 1e-6 of the largest output, float64 within
 1e-13 in the tests), and skip zeros exactly: a zero input times an infinite or NaN weight adds nothing here where a
@@ -39,7 +43,10 @@ MAX_DENSITY = 0.4  # the largest fraction of nonzero inputs that takes this path
 MIN_IN_CHANNELS = 32
 _SOURCE = pathlib.Path(__file__).with_name("sparse_conv.cc")
 _TARGETS = {"forward": {"float32": "SnnSparseConvForwardF32", "float64": "SnnSparseConvForwardF64"},
-            "weight_grad": {"float32": "SnnSparseConvWeightGradF32", "float64": "SnnSparseConvWeightGradF64"}}
+            "weight_grad": {"float32": "SnnSparseConvWeightGradF32", "float64": "SnnSparseConvWeightGradF64"},
+            "matmul": {"float32": "SnnSparseMatmulF32", "float64": "SnnSparseMatmulF64"},
+            "matmul_weight_grad": {"float32": "SnnSparseMatmulWeightGradF32",
+                                   "float64": "SnnSparseMatmulWeightGradF64"}}
 
 
 @functools.cache
@@ -93,3 +100,19 @@ def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: Seq
     call = jax.ffi.ffi_call(_TARGETS["weight_grad"][x.dtype.name], jax.ShapeDtypeStruct(tuple(w_shape), x.dtype),
                             vmap_method="sequential")
     return call(x, g.astype(x.dtype), **_attrs(strides, padding))
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x [rows, C_in] @ w [C_in, C_out]`` -> ``[rows, C_out]`` (a linear layer, or a 1 x 1 convolution)."""
+    _load()
+    call = jax.ffi.ffi_call(_TARGETS["matmul"][x.dtype.name], jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype),
+                            vmap_method="sequential")
+    return call(x, w)
+
+
+def matmul_weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
+    """``x.T @ g`` -> ``[C_in, C_out]``: ``matmul``'s kernel gradient from ``x`` and the output's cotangent ``g``."""
+    _load()
+    call = jax.ffi.ffi_call(_TARGETS["matmul_weight_grad"][x.dtype.name],
+                            jax.ShapeDtypeStruct((x.shape[1], g.shape[1]), x.dtype), vmap_method="sequential")
+    return call(x, g.astype(x.dtype))

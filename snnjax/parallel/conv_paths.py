@@ -1,8 +1,10 @@
-"""Which path runs each convolution of a model under a plan's mesh, and why: what ``print(plan)`` says of them.
+"""Which path runs each convolution and linear layer of a model under a plan's mesh, and why: what ``print(plan)``
+says of them.
 
-On the CPU backend ``snnjax.layers.conv_cpu`` picks, per convolution while it is traced, the sparse-input kernels
-(``snnjax.layers.sparse_conv``: taken per call where few inputs are nonzero) or XLA's convolution, and records the
-choice here within ``recording()``; ``neuron_paths.trace`` records these beside the neurons' paths.
+On the CPU backend ``snnjax.layers.conv_cpu`` (``linear_cpu``) picks, per convolution (linear layer) while it is
+traced, the sparse-input kernels (``snnjax.layers.sparse_conv``: taken per call where few inputs are nonzero) or
+XLA's convolution (dot), and records the choice here within ``recording()``; ``neuron_paths.trace`` records these
+beside the neurons' paths.
 """
 from __future__ import annotations
 
@@ -32,25 +34,28 @@ def planned() -> int:
 
 
 def recording():
-    """Collect ``(input shape, kernel shape, path, why)`` of every CPU convolution traced within this context."""
+    """Collect ``(input shape, kernel shape, path, why)`` of every CPU convolution (4-D kernel) and linear layer
+    (``[in, out]``) traced within this context."""
     return _RECORD.recording()
 
 
 def record(x_shape: tuple[int, ...], w_shape: tuple[int, ...], path: str, why: str) -> None:
-    """Note one convolution's path (``"sparse"``: the sparse kernels where few inputs are nonzero, else XLA's;
-    ``"xla"``) and why, where a ``recording()`` is active."""
+    """Note one convolution's or linear layer's path (``"sparse"``: the sparse kernels where few inputs are nonzero,
+    else XLA's; ``"xla"``) and why, where a ``recording()`` is active."""
     _RECORD.add((tuple(x_shape), tuple(w_shape), path, why))
 
 
 def summary(found: list) -> list[dict]:
-    """One row per path and reason, in call order: ``{"path", "why", "layers"}``."""
+    """One row per kind (``"convolutions"``, ``"linear layers"``), path and reason, in call order: ``{"kind",
+    "path", "why", "layers"}``."""
     rows: dict[tuple, dict] = {}
-    for _, _, path, why in found:
-        rows.setdefault((path, why), {"path": path, "why": why, "layers": 0})["layers"] += 1
+    for _, w_shape, path, why in found:
+        kind = "convolutions" if len(w_shape) == 4 else "linear layers"
+        rows.setdefault((kind, path, why), {"kind": kind, "path": path, "why": why, "layers": 0})["layers"] += 1
     return list(rows.values())
 
 
 def describe(rows: list[dict]) -> list[str]:
     """``print(plan)``'s lines for ``summary``'s rows."""
-    return [f"  convolutions ({r['layers']} layer{'s' if r['layers'] > 1 else ''}): {r['path']}: {r['why']}"
+    return [f"  {r['kind']} ({r['layers']} layer{'s' if r['layers'] > 1 else ''}): {r['path']}: {r['why']}"
             for r in rows]

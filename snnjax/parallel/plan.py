@@ -136,8 +136,9 @@ class Plan:
 
     @property
     def convolutions(self) -> list[dict] | None:
-        """Which path runs the model's convolutions on the CPU under this plan's mesh, and why
-        (``conv_paths.summary``: ``{"path", "why", "layers"}``; empty on other backends); None as ``neurons``."""
+        """Which path runs the model's convolutions and linear layers on the CPU under this plan's mesh, and why
+        (``conv_paths.summary``: ``{"kind", "path", "why", "layers"}``; empty on other backends); None as
+        ``neurons``."""
         return self._paths[1]
 
     def with_offload(self, offload: str) -> Plan:
@@ -397,7 +398,7 @@ def plan(model_or_state, mesh_or_device_count: Mesh | int | str, *, objective: s
     mode they imply would (``hybrid`` rules for data x fsdp x tensor). Needs the model (its units);
     ``input_shape`` (the batch ``[T, N, ...]``) and ``compute_dtype`` let the split balance compiled cost, and
     ``plan.neurons`` and ``plan.convolutions`` (printed with the plan) say which path runs each neuron type and the
-    CPU convolutions under this mesh, and why.
+    CPU convolutions and linear layers under this mesh, and why.
     Raises ``ValueError`` saying what to change for layouts that cannot work.
     """
     if objective not in auto_lib.OBJECTIVES:
