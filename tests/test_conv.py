@@ -372,7 +372,11 @@ def test_linear_layers_take_the_sparse_matmul_by_density(x64):
     assert _matmul_calls(lambda m, x: jax.grad(lambda m: jnp.sum(m(x)))(m), ours, x) == 2
     general = layers.linear_general(64, (2, 8), rngs=nnx.Rngs(0))
     assert _matmul_calls(f, general, x) == 1
-    assert _matmul_calls(f, layers.linear_general((4, 16), 8, rngs=nnx.Rngs(0)), x.reshape(3, 5, 4, 16)) == 1
+    heads = layers.linear_general((4, 16), 8, rngs=nnx.Rngs(0))  # [heads, head_dim] -> D, as attention's output
+    assert _matmul_calls(f, heads, x.reshape(3, 5, 4, 16)) == 1
+    ref = jnp.einsum("tnhd,hdo->tno", x.reshape(3, 5, 4, 16), heads.kernel[...]) + heads.bias[...]
+    _close((heads(x.reshape(3, 5, 4, 16)),), (ref,), 1e-6)
+    _close((general(x),), (jnp.einsum("tni,ihd->tnhd", x, general.kernel[...]) + general.bias[...],), 1e-6)
     with activation_rules(jax.make_mesh((8,), ("data",)), {"batch": "data"}):
         assert _matmul_calls(f, ours, x) == 0
     with conv_cpu.sparse_inputs(False):

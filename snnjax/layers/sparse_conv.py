@@ -103,7 +103,7 @@ def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: Seq
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x [rows, C_in] @ w [C_in, C_out]`` -> ``[rows, C_out]`` (a linear layer, or a 1 x 1 convolution)."""
+    """``x [rows, C_in] @ w [C_in, C_out]`` -> ``[rows, C_out]`` (a linear layer on spikes: ``linear_cpu``)."""
     _load()
     call = jax.ffi.ffi_call(_TARGETS["matmul"][x.dtype.name], jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype),
                             vmap_method="sequential")
