@@ -201,10 +201,11 @@ def test_sparse_kernels_match_lax(x64, n, size, cin, cout, k, stride, padding):
             _close(ours, (y, pull(g)[1]), tol)
 
 
-def _sparse_calls(f, *args) -> int:
-    """How many of ``sparse_conv``'s FFI calls ``f`` traces to (inside its ``cond`` branches); traced afresh (a
-    new function each time: the layout contexts are not part of the trace cache's key)."""
-    return str(jax.make_jaxpr(lambda *a: f(*a))(*args)).count("SnnSparseConv")
+def _sparse_calls(f, *args, target: str = "SnnSparseConv") -> int:
+    """How many of ``sparse_conv``'s FFI calls named ``target...`` (the convolution's; ``SnnSparseMatmul``: the
+    matmul's) ``f`` traces to (inside their ``cond`` branches); traced afresh (a new function each time: the layout
+    contexts are not part of the trace cache's key)."""
+    return str(jax.make_jaxpr(lambda *a: f(*a))(*args)).count(target)
 
 
 def test_op_takes_sparse_kernels_by_density_on_one_device():
@@ -325,8 +326,7 @@ def test_linear_merges_leading_dims_equal_to_nnx_and_no_transposed_copy(x64):
 
 
 def _matmul_calls(f, *args) -> int:
-    """How many of the sparse matmul's FFI calls ``f`` traces to (inside their ``cond`` branches)."""
-    return str(jax.make_jaxpr(lambda *a: f(*a))(*args)).count("SnnSparseMatmul")
+    return _sparse_calls(f, *args, target="SnnSparseMatmul")
 
 
 # (rows, C_in, C_out): rows and channels that fill no work item evenly; blocks of 8, 16 and 64 output columns.

@@ -41,6 +41,7 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
             and tuple(rhs_contract) == tuple(range(k)))
     if ours:
         rows, cin, cout = math.prod(lhs.shape[:-k]), math.prod(lhs.shape[-k:]), math.prod(rhs.shape[k:])
+        # the convolutions' rules, for this product as the 1 x 1 convolution it is
         refusal = conv_cpu.sparse_refusal((rows, 1, 1, cin), (1, 1, cin, cout), lhs.dtype, rhs.dtype,
                                           preferred_element_type, (1, 1), ((0, 0), (0, 0)))
         conv_paths.record((rows, cin), (cin, cout), "xla" if refusal else "sparse", refusal or conv_cpu.SPARSE_PATH)

@@ -84,35 +84,31 @@ def _attrs(strides: Sequence[int], padding: Sequence[tuple[int, int]]) -> dict:
             "pad_h": np.int64(padding[0][0]), "pad_w": np.int64(padding[1][0])}
 
 
+def _call(op: str, shape: Sequence[int], x: jax.Array, operand: jax.Array, **attrs) -> jax.Array:
+    """The FFI call of kernel ``op`` (a ``_TARGETS`` key) on ``(x, operand)``, returning ``shape`` in ``x``'s dtype."""
+    _load()
+    call = jax.ffi.ffi_call(_TARGETS[op][x.dtype.name], jax.ShapeDtypeStruct(tuple(shape), x.dtype),
+                            vmap_method="sequential")
+    return call(x, operand, **attrs)
+
+
 def forward(x: jax.Array, w: jax.Array, out_hw: tuple[int, int], strides: Sequence[int],
             padding: Sequence[tuple[int, int]]) -> jax.Array:
     """``[N, H_out, W_out, C_out]`` (``out_hw`` the output's spatial size, which sets the trailing padding)."""
-    _load()
-    shape = jax.ShapeDtypeStruct((x.shape[0], *out_hw, w.shape[3]), x.dtype)
-    call = jax.ffi.ffi_call(_TARGETS["forward"][x.dtype.name], shape, vmap_method="sequential")
-    return call(x, w, **_attrs(strides, padding))
+    return _call("forward", (x.shape[0], *out_hw, w.shape[3]), x, w, **_attrs(strides, padding))
 
 
 def weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strides: Sequence[int],
                 padding: Sequence[tuple[int, int]]) -> jax.Array:
     """``dL/dw [kh, kw, C_in, C_out]`` from the input ``x`` and the output's cotangent ``g`` (in ``x``'s dtype)."""
-    _load()
-    call = jax.ffi.ffi_call(_TARGETS["weight_grad"][x.dtype.name], jax.ShapeDtypeStruct(tuple(w_shape), x.dtype),
-                            vmap_method="sequential")
-    return call(x, g.astype(x.dtype), **_attrs(strides, padding))
+    return _call("weight_grad", w_shape, x, g.astype(x.dtype), **_attrs(strides, padding))
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [rows, C_in] @ w [C_in, C_out]`` -> ``[rows, C_out]`` (a linear layer on spikes: ``linear_cpu``)."""
-    _load()
-    call = jax.ffi.ffi_call(_TARGETS["matmul"][x.dtype.name], jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype),
-                            vmap_method="sequential")
-    return call(x, w)
+    return _call("matmul", (x.shape[0], w.shape[1]), x, w)
 
 
 def matmul_weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
     """``x.T @ g`` -> ``[C_in, C_out]``: ``matmul``'s kernel gradient from ``x`` and the output's cotangent ``g``."""
-    _load()
-    call = jax.ffi.ffi_call(_TARGETS["matmul_weight_grad"][x.dtype.name],
-                            jax.ShapeDtypeStruct((x.shape[1], g.shape[1]), x.dtype), vmap_method="sequential")
-    return call(x, g.astype(x.dtype))
+    return _call("matmul_weight_grad", (x.shape[1], g.shape[1]), x, g.astype(x.dtype))
